@@ -1,0 +1,313 @@
+"""conf/*.yaml -> validated objects. Every error names the file, the key, the bad value and the fix.
+
+Two files and a profile:
+  conf/lab.yaml              hosts (how to reach them, where to work, which python), notifications
+  conf/pipeline.yaml         stages (host, command, inputs, outputs, depends_on) and ${vars}
+  conf/profiles/NAME.yaml    a partial of both (keys `hosts`, `vars`, `stages`, ...) merged on top,
+                             so a profile changes models and sizes without copying the config.
+
+Commands are argv lists (never a shell string); `${var}` is replaced inside each element, so a
+value from the config can never become shell syntax.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SshConfig(_Strict):
+    host: str  # hostname or ~/.ssh/config alias
+    user: str | None = None
+    port: int | None = None
+    options: list[str] = []  # extra `-o Key=Value` strings, passed as separate argv items
+    connect_timeout_s: int = 5
+    alive_interval_s: int = 5
+    alive_count_max: int = 3
+
+
+class HostConfig(_Strict):
+    name: str = ""
+    reach: Literal["local", "ssh"] = "local"
+    ssh: SshConfig | None = None  # required when reach == ssh
+    work_dir: str = "logs/local"  # run directories live in <work_dir>/runs; relative = to repo_dir
+    repo_dir: str = "."  # where the project is checked out on the host; relative = this repo
+    python: str = ".venv/bin/python"  # interpreter with eaglelab installed; relative = to repo_dir
+    gpus: int = 0  # GPUs the stages may use on this host
+
+    @field_validator("ssh")
+    @classmethod
+    def _ssh_for_ssh(cls, v, info):
+        if info.data.get("reach") == "ssh" and v is None:
+            raise ValueError("reach: ssh needs an `ssh:` block with at least `host:`")
+        return v
+
+
+class WebhookConfig(_Strict):
+    url: str
+    format: Literal["generic", "slack", "ntfy"] = "generic"
+    events: list[Literal["completed", "failed", "stalled", "pipeline_finished"]] = [
+        "completed", "failed", "stalled", "pipeline_finished"]
+
+
+class NotifyConfig(_Strict):
+    webhooks: list[WebhookConfig] = []
+    status_url: str = "http://127.0.0.1:8765/"
+
+
+class WebConfig(_Strict):
+    host: str = "127.0.0.1"  # the LAN only when asked for
+    port: int = 8765
+    token_env: str = "EAGLELAB_TOKEN"  # env var holding the bearer token for POST actions
+
+
+class LabConfig(_Strict):
+    profile: str = "demo"
+    logs_dir: str = "logs"  # controller-side registry, mirrored logs, cron logs
+    hosts: dict[str, HostConfig] = Field(min_length=1)
+    notify: NotifyConfig = NotifyConfig()
+    web: WebConfig = WebConfig()
+
+
+class ReadyConfig(_Strict):
+    log_regex: str | None = None  # a service is ready when its log matches ...
+    url: str | None = None  # ... or when this URL answers 200
+    timeout_s: float = 1800
+
+
+class StageConfig(_Strict):
+    name: str = ""
+    kind: Literal["job", "service"] = "job"
+    host: str
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = {}
+    inputs: list[str] = []  # paths (relative to the host's repo_dir) the stage reads
+    outputs: list[str] = []  # paths it writes; their manifests feed the next stage's fingerprint
+    depends_on: list[str] = []  # jobs that must have completed first
+    needs: list[str] = []  # services that must be up (ready) while this stage runs
+    gpus: int = 0  # GPUs it needs on its host; services holding them are stopped first
+    ready: ReadyConfig | None = None  # services only
+    stop_grace_s: float = 30  # TERM, then KILL after this long
+    description: str = ""
+
+
+class PipelineConfig(_Strict):
+    vars: dict[str, Any] = {}
+    stages: dict[str, StageConfig] = Field(min_length=1)
+
+
+class Config:
+    """The lab, the pipeline and the profile, merged and checked."""
+
+    def __init__(self, lab: LabConfig, pipeline: PipelineConfig, profile: str, conf_dir: Path):
+        self.lab, self.pipeline, self.profile, self.conf_dir = lab, pipeline, profile, conf_dir
+
+    @property
+    def hosts(self) -> dict[str, HostConfig]:
+        return self.lab.hosts
+
+    @property
+    def stages(self) -> dict[str, StageConfig]:
+        return self.pipeline.stages
+
+    @property
+    def logs_dir(self) -> Path:
+        return (REPO_ROOT / self.lab.logs_dir).resolve()
+
+    def stage(self, name: str) -> StageConfig:
+        if name not in self.stages:
+            raise ConfigError(f"no stage {name!r} in {self.conf_dir / 'pipeline.yaml'}"
+                              f"{did_you_mean(name, self.stages)}; stages: {', '.join(self.stages)}")
+        return self.stages[name]
+
+    def host(self, name: str) -> HostConfig:
+        if name not in self.hosts:
+            raise ConfigError(f"no host {name!r} in {self.conf_dir / 'lab.yaml'}"
+                              f"{did_you_mean(name, self.hosts)}; hosts: {', '.join(self.hosts)}")
+        return self.hosts[name]
+
+    def stage_order(self, names: list[str] | None = None) -> list[str]:
+        """Stages (all, or these and what they depend on) in dependency order."""
+        order: list[str] = []
+
+        def visit(n: str, trail: tuple[str, ...]) -> None:
+            if n in order:
+                return
+            if n in trail:
+                raise ConfigError(f"dependency cycle in {self.conf_dir / 'pipeline.yaml'}: "
+                                  f"{' -> '.join(trail + (n,))}")
+            for d in self.stage(n).depends_on + self.stage(n).needs:
+                visit(d, trail + (n,))
+            order.append(n)
+
+        for n in names if names is not None else list(self.stages):
+            visit(n, ())
+        return order
+
+    def vars_for(self, stage: StageConfig, **extra: str) -> dict[str, str]:
+        host = self.host(stage.host)
+        base = {"profile": self.profile, "stage": stage.name, "host": host.name,
+                "repo": host.repo_dir, "python": host.python, "work_dir": host.work_dir}
+        base.update({k: str(v) for k, v in self.pipeline.vars.items()})
+        base.update(extra)
+        return base
+
+    def render(self, stage: StageConfig, value: str, variables: dict[str, str]) -> str:
+        return render_template(value, variables, f"stage {stage.name!r} in {self.conf_dir / 'pipeline.yaml'}")
+
+
+def did_you_mean(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def render_template(value: str, variables: dict[str, str], where: str, _depth: int = 0) -> str:
+    """Replace ${var} (vars may refer to vars); an unknown var is a ConfigError naming where."""
+    try:
+        out = string.Template(value).substitute(variables)
+    except KeyError as e:
+        raise ConfigError(f"{where}: unknown variable ${{{e.args[0]}}} in {value!r}"
+                          f"{did_you_mean(e.args[0], variables)}; define it under `vars:`") from None
+    except ValueError as e:
+        raise ConfigError(f"{where}: bad $ placeholder in {value!r} ({e}); write $$ for a literal $") from None
+    if "$" in out and out != value and _depth < 10:
+        return render_template(out, variables, where, _depth + 1)
+    return out
+
+
+def _load_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found (copy it from the repository's conf/)") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _has_path(data: Any, loc: tuple) -> bool:
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            return False
+    return True
+
+
+def _validate(model: type[BaseModel], data: dict, files: list[Path], sections: list[dict]):
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            key = ".".join(str(p) for p in loc) or "(top level)"
+            # Name the file that set the key: the profile if it did, else the base file.
+            file = next((f for f, s in reversed(list(zip(files, sections))) if _has_path(s, loc[:2])), files[0])
+            bad = err.get("input")
+            hint = err["msg"]
+            if err["type"] == "extra_forbidden":
+                parent = model
+                allowed = _allowed_keys(model, loc[:-1])
+                hint = (f"unknown key{did_you_mean(str(loc[-1]), allowed)}; allowed: {', '.join(allowed)}"
+                        if allowed else "unknown key")
+                del parent
+            shown = "" if err["type"] in ("missing", "extra_forbidden") else f" = {bad!r}"
+            lines.append(f"{file}: {key}{shown}: {hint}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names allowed at loc (walking through dict-of-model fields)."""
+    current: Any = model
+    i = 0
+    while i < len(loc):
+        fields = getattr(current, "model_fields", None)
+        if fields is None or loc[i] not in fields:
+            return []
+        ann = fields[loc[i]].annotation
+        args = getattr(ann, "__args__", ())
+        if args and len(args) == 2 and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+            current, i = args[1], i + 2  # dict[str, Model]: skip the user's name
+        else:
+            inner = [a for a in (args or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+            if not inner:
+                return []
+            current, i = inner[0], i + 1
+    return sorted(getattr(current, "model_fields", {}))
+
+
+PROFILE_KEYS = {"hosts", "vars", "stages", "notify", "web", "description"}
+
+
+def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) -> Config:
+    """Load conf_dir (default $EAGLELAB_CONF or <repo>/conf) with a profile merged on top."""
+    conf_dir = Path(conf_dir or os.environ.get("EAGLELAB_CONF") or REPO_ROOT / "conf").resolve()
+    lab_file, pipe_file = conf_dir / "lab.yaml", conf_dir / "pipeline.yaml"
+    lab_raw, pipe_raw = _load_yaml(lab_file), _load_yaml(pipe_file)
+    profile = profile or os.environ.get("EAGLELAB_PROFILE") or lab_raw.get("profile") or "demo"
+    prof_raw: dict = {}
+    prof_file = conf_dir / "profiles" / f"{profile}.yaml"
+    if profile != "none":
+        if not prof_file.exists():
+            have = sorted(p.stem for p in (conf_dir / "profiles").glob("*.yaml"))
+            raise ConfigError(f"{prof_file}: no such profile {profile!r}{did_you_mean(profile, have)}; "
+                              f"profiles: {', '.join(have) or '(none)'}")
+        prof_raw = _load_yaml(prof_file)
+        unknown = set(prof_raw) - PROFILE_KEYS
+        if unknown:
+            raise ConfigError(f"{prof_file}: unknown key(s) {', '.join(sorted(unknown))}; "
+                              f"a profile may set: {', '.join(sorted(PROFILE_KEYS))}")
+    prof_lab = {k: prof_raw[k] for k in ("hosts", "notify", "web") if k in prof_raw}
+    prof_pipe = {k: prof_raw[k] for k in ("vars", "stages") if k in prof_raw}
+    lab = _validate(LabConfig, _deep_merge(lab_raw, prof_lab), [lab_file, prof_file], [lab_raw, prof_lab])
+    pipe = _validate(PipelineConfig, _deep_merge(pipe_raw, prof_pipe), [pipe_file, prof_file],
+                     [pipe_raw, prof_pipe])
+    for name, h in lab.hosts.items():
+        h.name = name
+    for name, s in pipe.stages.items():
+        s.name = name
+        where = f"{pipe_file}: stages.{name}"
+        if s.host not in lab.hosts:
+            raise ConfigError(f"{where}.host = {s.host!r}: no such host in {lab_file}"
+                              f"{did_you_mean(s.host, lab.hosts)}; hosts: {', '.join(lab.hosts)}")
+        for key in ("depends_on", "needs"):
+            for d in getattr(s, key):
+                if d not in pipe.stages:
+                    raise ConfigError(f"{where}.{key}: no stage {d!r}{did_you_mean(d, pipe.stages)}")
+        for d in s.needs:
+            if pipe.stages[d].kind != "service":
+                raise ConfigError(f"{where}.needs: {d!r} is a job; list jobs under depends_on")
+        if s.kind == "service" and s.ready is None:
+            raise ConfigError(f"{where}: a service needs `ready:` (log_regex or url)")
+    cfg = Config(lab, pipe, profile, conf_dir)
+    cfg.stage_order()  # refuses cycles now, not at launch
+    return cfg
