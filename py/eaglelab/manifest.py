@@ -51,8 +51,9 @@ def fingerprint(params: dict, files: dict[str, dict], counts: dict | None = None
 
 
 def write(out_dir: str | Path, stage: str, files: Iterable[Path], params: dict | None = None,
-          counts: dict | None = None, extra: dict | None = None, hash_limit: int = HASH_LIMIT) -> dict:
-    """Describe `files` (all under out_dir) and write out_dir/manifest.json atomically."""
+          counts: dict | None = None, extra: dict | None = None, hash_limit: int = HASH_LIMIT,
+          name: str = NAME) -> dict:
+    """Describe `files` (all under out_dir) and write out_dir/<name> (manifest.json) atomically."""
     out_dir = Path(out_dir)
     described = describe_files(out_dir, [Path(f) for f in files], hash_limit)
     params = params or {}
@@ -60,13 +61,13 @@ def write(out_dir: str | Path, stage: str, files: Iterable[Path], params: dict |
            "counts": counts or {}, "files": described,
            "total_bytes": sum(e["size"] for e in described.values()),
            "fingerprint": fingerprint(params, described, counts), "extra": extra or {}}
-    atomic_write_json(out_dir / NAME, doc)
+    atomic_write_json(out_dir / name, doc)
     return doc
 
 
-def read(out_dir: str | Path) -> dict | None:
+def read(out_dir: str | Path, name: str = NAME) -> dict | None:
     """The manifest in out_dir, or None if absent or unreadable."""
-    doc = read_json(Path(out_dir) / NAME)
+    doc = read_json(Path(out_dir) / name)
     return doc if isinstance(doc, dict) and doc.get("schema") == 1 else None
 
 
@@ -90,9 +91,9 @@ def problems(out_dir: str | Path, doc: dict | None = None) -> list[str]:
     return bad
 
 
-def is_complete(out_dir: str | Path, params: dict | None = None) -> bool:
+def is_complete(out_dir: str | Path, params: dict | None = None, name: str = NAME) -> bool:
     """True when out_dir has a sound manifest written with these params (idempotent skip)."""
-    doc = read(out_dir)
+    doc = read(out_dir, name)
     if doc is None or problems(out_dir, doc):
         return False
     return params is None or doc.get("params") == json.loads(json.dumps(params))

@@ -23,8 +23,10 @@ from pathlib import Path
 import click
 
 from ..errors import StageError
+from ..fsutil import atomic_write_json
 from . import common
 
+SERVER_INFO = "extract_server.json"  # written into --hidden-states-path by mode extract
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding `eaglelab/`
 
 
@@ -105,8 +107,14 @@ def main(model: Path, host: str, port: int, mode: str, device: str, max_model_le
     layers = common.parse_layers(aux_layers, "--aux-layers") if aux_layers else common.default_aux_layers(cfg["num_hidden_layers"])
     if mode == "extract":
         common.check_aux_layers(layers, cfg["num_hidden_layers"], "--aux-layers")
-        if hidden_states_path:
-            Path(hidden_states_path).mkdir(parents=True, exist_ok=True)
+        if not hidden_states_path:
+            raise StageError("--mode extract needs --hidden-states-path (where vLLM writes hs files)")
+        # Tell the extraction client which layers this server extracts, so it can check that
+        # extraction and training agree before a single request is sent.
+        Path(hidden_states_path).mkdir(parents=True, exist_ok=True)
+        atomic_write_json(Path(hidden_states_path) / SERVER_INFO, {
+            "schema": 1, "model": str(model), "aux_layers": layers,
+            "layer_ids": extraction_layers(layers, cfg["num_hidden_layers"]), "device": device})
     if mode == "eval":
         if not drafter:
             raise StageError("--mode eval needs --drafter CHECKPOINT_DIR")
