@@ -76,7 +76,7 @@ def train_tokenizer(files: list[Path], vocab_size: int):
         pad_token="<|pad|>", chat_template=CHAT_TEMPLATE, model_max_length=4096)
 
 
-def make_prompts(files: list[Path], n: int, seed: int) -> list[dict]:
+def make_prompts(files: list[Path], n: int, seed: int, prefix: str = "demo") -> list[dict]:
     """n user turns cut from the corpus: 'Continue: <a sentence or two>'; ids are stable."""
     sentences: list[str] = []
     for f in files:
@@ -90,7 +90,7 @@ def make_prompts(files: list[Path], n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     picked = rng.sample(sentences, n)
     verbs = ["Continue this text", "Explain in plain words", "Summarize", "Rewrite formally"]
-    return [{"id": f"demo-{i:04d}", "messages": [{"role": "user", "content": f"{verbs[i % len(verbs)]}: {s}"}]}
+    return [{"id": f"{prefix}-{i:04d}", "messages": [{"role": "user", "content": f"{verbs[i % len(verbs)]}: {s}"}]}
             for i, s in enumerate(picked)]
 
 
@@ -119,6 +119,9 @@ def build_model(tokenizer, hidden: int, layers: int, heads: int, kv_heads: int, 
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="model directory")
 @click.option("--prompts-out", type=click.Path(path_type=Path), default=None, help="write demo prompts JSONL here")
 @click.option("--num-prompts", default=64, show_default=True)
+@click.option("--eval-prompts-out", type=click.Path(path_type=Path), default=None,
+              help="write held-out prompts for the eval stage here")
+@click.option("--num-eval-prompts", default=8, show_default=True)
 @click.option("--vocab-size", default=4096, show_default=True)
 @click.option("--hidden", default=128, show_default=True)
 @click.option("--layers", default=4, show_default=True)
@@ -130,7 +133,8 @@ def build_model(tokenizer, hidden: int, layers: int, heads: int, kv_heads: int, 
 @click.option("--max-text-bytes", default=3_000_000, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--force", is_flag=True, help="rebuild even if the manifest says done")
-def main(out_dir: Path, prompts_out: Path | None, num_prompts: int, vocab_size: int, hidden: int, layers: int,
+def main(out_dir: Path, prompts_out: Path | None, num_prompts: int, eval_prompts_out: Path | None,
+         num_eval_prompts: int, vocab_size: int, hidden: int, layers: int,
          heads: int, kv_heads: int, intermediate: int, max_shard_size: str, text_globs: tuple[str, ...],
          max_text_bytes: int, seed: int, force: bool) -> None:
     """Make the tiny demo target model (and its prompts)."""
@@ -138,8 +142,9 @@ def main(out_dir: Path, prompts_out: Path | None, num_prompts: int, vocab_size: 
         raise StageError(f"--hidden {hidden} must divide by --heads {heads}, and heads by --kv-heads {kv_heads}")
     params = dict(vocab_size=vocab_size, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
                   intermediate=intermediate, max_shard_size=max_shard_size, seed=seed,
-                  num_prompts=num_prompts if prompts_out else 0)
-    prompts_ok = prompts_out is None or prompts_out.is_file()
+                  num_prompts=num_prompts if prompts_out else 0,
+                  num_eval_prompts=num_eval_prompts if eval_prompts_out else 0)
+    prompts_ok = all(p is None or p.is_file() for p in (prompts_out, eval_prompts_out))
     if not force and prompts_ok and manifest.is_complete(out_dir, params):
         click.echo(f"tiny_model: {out_dir} is complete (manifest {manifest.read(out_dir)['fingerprint']}); skipping")
         return
@@ -161,11 +166,17 @@ def main(out_dir: Path, prompts_out: Path | None, num_prompts: int, vocab_size: 
     shards = sorted(out_dir.glob("*.safetensors"))
     click.echo(f"tiny_model: {n_params / 1e6:.2f} M parameters, {len(shards)} safetensors shards in {out_dir}")
 
-    if prompts_out is not None:
-        prompts = make_prompts(files, num_prompts, seed)
-        prompts_out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(prompts_out, "".join(json.dumps(p) + "\n" for p in prompts).encode())
-        click.echo(f"tiny_model: {len(prompts)} prompts in {prompts_out}")
+    # One draw, then split: the eval prompts are never among the training prompts.
+    drawn = make_prompts(files, num_prompts + num_eval_prompts, seed)
+    for path, rows, prefix in ((prompts_out, drawn[:num_prompts], "demo"),
+                               (eval_prompts_out, drawn[num_prompts:], "eval")):
+        if path is None:
+            continue
+        for i, r in enumerate(rows):
+            r["id"] = f"{prefix}-{i:04d}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, "".join(json.dumps(p) + "\n" for p in rows).encode())
+        click.echo(f"tiny_model: {len(rows)} prompts in {path}")
 
     written = [p for p in out_dir.iterdir() if p.is_file() and p.name != manifest.NAME]
     doc = manifest.write(out_dir, "tiny_model", written, params=params,

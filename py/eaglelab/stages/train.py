@@ -31,6 +31,8 @@ from .. import manifest
 from ..errors import StageError
 from . import common
 
+DRAFTER_LINK = "drafter"  # <out>/drafter -> the last epoch's checkpoint
+
 
 def cpu_patches() -> None:
     """Make speculators' trainer run on CPU (it assumes an accelerator)."""
@@ -181,6 +183,12 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
         raise StageError(f"{out_dir}: training ended without a checkpoint; see the errors above")
     last = out_dir / str(done[-1])
     common.check_drafter(last, cfg, aux)
+    # A stable name for the serving stage; speculators' resume ignores symlinks.
+    link = out_dir / DRAFTER_LINK
+    tmp = out_dir / f".{DRAFTER_LINK}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(last.name)
+    os.replace(tmp, link)
     files = [p for p in last.rglob("*") if p.is_file()]
     doc = manifest.write(out_dir, "train", files, params=params,
                          counts={"epochs_done": len(done), "last_epoch": done[-1]},
