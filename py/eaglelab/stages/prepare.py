@@ -75,8 +75,9 @@ def describe_dataset(out: Path, vocab_size: int) -> dict:
 @click.option("--render-endpoint", default=None, help="vLLM base URL, for natural-language conversations")
 @click.option("--workers", default=1, show_default=True, help="preprocessing processes (= render concurrency)")
 @click.option("--min-supervised-tokens", type=int, default=None, help="drop rows with fewer trainable tokens")
+@click.option("--trust-remote-code/--no-trust-remote-code", default=False, help="the tokenizer needs custom code")
 def main(model: Path, data: Path, out_dir: Path, seq_length: int, max_samples: int | None,
-         render_endpoint: str | None, workers: int, min_supervised_tokens: int | None) -> None:
+         render_endpoint: str | None, workers: int, min_supervised_tokens: int | None, trust_remote_code: bool) -> None:
     """Prepare the dataset and token frequencies for training."""
     cfg = common.model_config(model)
     files = input_files(data)
@@ -94,7 +95,7 @@ def main(model: Path, data: Path, out_dir: Path, seq_length: int, max_samples: i
     prepare_data(model=str(model), data=[str(f) for f in files], output=str(out_dir), seq_length=seq_length,
                  max_samples=max_samples, token_freq_path=None, render_endpoint=render_endpoint, seed=0,
                  num_preprocessing_workers=workers, minimum_valid_tokens=min_supervised_tokens,
-                 overwrite=False, allow_empty_output=False, trust_remote_code=False, skip_token_freq=False)
+                 overwrite=False, allow_empty_output=False, trust_remote_code=trust_remote_code, skip_token_freq=False)
     counts = describe_dataset(out_dir, cfg["vocab_size"])
     written = [p for p in out_dir.iterdir() if p.is_file() and p.name != manifest.NAME]
     doc = manifest.write(out_dir, "prepare", written, params=params, counts=counts,

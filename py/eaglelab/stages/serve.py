@@ -94,13 +94,14 @@ def build_argv(*, python: str, model: str, host: str, port: int, mode: str, devi
 @click.option("--hidden-states-path", default=None, help="extract: where vLLM writes hs files")
 @click.option("--drafter", default=None, help="eval: the EAGLE-3 checkpoint directory")
 @click.option("--num-speculative-tokens", default=3, show_default=True)
+@click.option("--vllm-args", default="", help="more vLLM flags in one string (split like a shell would, never run by one)")
 @click.option("--dry-run", is_flag=True, help="print the command and exit")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def main(model: Path, host: str, port: int, mode: str, device: str, max_model_len: int,
          served_model_name: str | None, tensor_parallel: int, gpu_memory_utilization: float | None,
          kv_cache_gib: int, enforce_eager: bool, scale_out: bool, aux_layers: str,
-         hidden_states_path: str | None, drafter: str | None, num_speculative_tokens: int, dry_run: bool,
-         extra: tuple[str, ...]) -> None:
+         hidden_states_path: str | None, drafter: str | None, num_speculative_tokens: int, vllm_args: str,
+         dry_run: bool, extra: tuple[str, ...]) -> None:
     """Exec vLLM's OpenAI server for the target (EXTRA args go to vLLM unchanged)."""
     device = common.resolve_device(device)
     cfg = common.model_config(model)
@@ -124,7 +125,8 @@ def main(model: Path, host: str, port: int, mode: str, device: str, max_model_le
                       gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
                       scale_out=scale_out, aux_layers=layers, num_layers=cfg["num_hidden_layers"],
                       hidden_states_path=str(Path(hidden_states_path).resolve()) if hidden_states_path else None,
-                      drafter=drafter, num_speculative_tokens=num_speculative_tokens, extra=list(extra))
+                      drafter=drafter, num_speculative_tokens=num_speculative_tokens,
+                      extra=shlex.split(vllm_args) + list(extra))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
     if device == "cpu":

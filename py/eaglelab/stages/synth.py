@@ -121,8 +121,10 @@ def check_rows(rows: list[dict], path: Path) -> None:
               help="a reasoning model: fail when the reasoning was not captured")
 @click.option("--max-error-fraction", default=0.05, show_default=True, help="fail above this share of errors")
 @click.option("--max-retries", default=3, show_default=True)
+@click.option("--trust-remote-code/--no-trust-remote-code", default=False, help="the tokenizer needs custom code (e.g. Kimi's tiktoken)")
 def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: int, max_tokens: int,
-         sampling_params: str, limit: int | None, reasoning: bool, max_error_fraction: float, max_retries: int) -> None:
+         sampling_params: str, limit: int | None, reasoning: bool, max_error_fraction: float, max_retries: int,
+         trust_remote_code: bool) -> None:
     """Generate on-policy responses from the served target."""
     endpoint = endpoint.rstrip("/")
     try:
@@ -146,7 +148,17 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
     check_server(endpoint, model)
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    import speculators.cli.regenerate_responses as regen
     from speculators.cli.regenerate_responses import regenerate_responses
+
+    if trust_remote_code:  # speculators 0.9.0 loads the tokenizer without trust_remote_code
+        from transformers import AutoTokenizer
+
+        def detokenizer(name: str):
+            tok = AutoTokenizer.from_pretrained(name, trust_remote_code=True)
+            return lambda ids: tok.decode(ids, skip_special_tokens=False)
+
+        regen.build_detokenizer = detokenizer
 
     t0 = time.monotonic()
     regenerate_responses(endpoint=f"{endpoint}/v1/chat/completions", model=model, dataset=str(prompts),

@@ -112,11 +112,12 @@ def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Pat
 @click.option("--max-steps", default=None, type=int, help="stop after this many optimizer steps (smoke runs)")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--gpus", default=1, show_default=True, help=">1: relaunch under torchrun with this many processes")
+@click.option("--trust-remote-code/--no-trust-remote-code", default=False, help="the verifier needs custom code")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Path, aux_layers: str,
          draft_vocab_size: int, epochs: int, lr: float, total_seq_len: int, loss_implementation: str,
          draft_attn_impl: str, ttt_steps: int, num_workers: int | None, max_steps: int | None, device: str,
-         gpus: int, extra: tuple[str, ...]) -> None:
+         gpus: int, trust_remote_code: bool, extra: tuple[str, ...]) -> None:
     """Train the drafter (EXTRA args go to `speculators train` unchanged)."""
     import torch
 
@@ -162,7 +163,8 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
     argv = speculators_argv(model=model, data=data, hidden_states=hidden_states, vocab=vocab, out=out_dir, aux=aux,
                             draft_vocab_size=draft_vocab_size, epochs=epochs, lr=lr, seq_len=total_seq_len,
                             loss=loss_implementation, attn=attn, workers=workers, max_steps=max_steps,
-                            ttt_steps=ttt_steps, extra=list(extra))
+                            ttt_steps=ttt_steps,
+                            extra=(["--trust-remote-code"] if trust_remote_code else []) + list(extra))
     if gpus > 1 and "LOCAL_RANK" not in os.environ:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
                "-m", "eaglelab.stages.train", *sys.argv[1:]]
