@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAB = REPO / "bin" / "lab"
 AUX = [1, 2, 3]
 SAMPLES = 64
+DRAFT_V = 128  # the demo profile's draft_vocab_size
 
 
 class Lab:
@@ -178,7 +179,7 @@ def test_training_resumed_from_its_checkpoint(run):
     ck = lab.data / "checkpoints"
     assert (ck / "2" / "model.safetensors").is_file() and os.readlink(ck / "drafter") == "2"
     cfg = json.loads((ck / "2" / "config.json").read_text())
-    assert cfg["eagle_aux_hidden_state_layer_ids"] == AUX and cfg["draft_vocab_size"] == 1024
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == AUX and cfg["draft_vocab_size"] == DRAFT_V
 
 
 def test_vocab_mapping_consistent_with_token_frequencies(run):
@@ -189,11 +190,11 @@ def test_vocab_mapping_consistent_with_token_frequencies(run):
     lab, _ = run
     freq = {int(k): int(v) for k, v in torch.load(lab.data / "prepared" / "token_freq.pt").items()}
     d2t, t2d = np.load(lab.data / "vocab" / "d2t.npy"), np.load(lab.data / "vocab" / "t2d.npy")
-    assert d2t.shape == (1024,) and d2t.dtype == np.int64 and t2d.shape == (4096,) and t2d.dtype == bool
-    targets = np.arange(1024) + d2t
-    assert t2d.sum() == 1024 and t2d[targets].all()
+    assert d2t.shape == (DRAFT_V,) and d2t.dtype == np.int64 and t2d.shape == (4096,) and t2d.dtype == bool
+    targets = np.arange(DRAFT_V) + d2t
+    assert t2d.sum() == DRAFT_V and t2d[targets].all()
     ranked = sorted(freq, key=lambda t: (-freq[t], t))
-    assert set(ranked[: min(1024, len(ranked))]) <= set(targets.tolist())  # the most frequent are in
+    assert set(ranked[: min(DRAFT_V, len(ranked))]) <= set(targets.tolist())  # the most frequent are in
     cov = json.loads((lab.data / "vocab" / "coverage.json").read_text())
     covered = sum(c for t, c in freq.items() if t2d[t])
     assert cov["coverage"] == pytest.approx(covered / sum(freq.values()))
