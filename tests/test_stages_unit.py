@@ -348,3 +348,35 @@ def test_profiles_render_and_aux_layers_agree(profile):
         assert flag("serve_extract", "--tensor-parallel") == "8"
         assert cfg.stage("serve_extract").gpus == 8 and cfg.hosts["gpu8"].gpus == 8
         assert aux["extract"] == "2 30 58"
+
+
+def test_claim_sets_aside_outputs_of_other_params_and_never_mixes(tmp_path):
+    out = tmp_path / "hidden_states"
+    assert manifest.claim(out, "extract", {"aux_layers": [1, 2, 3]}) is None
+    (out / "hs_0.safetensors").write_bytes(b"old")  # an interrupted run's file
+    assert manifest.claim(out, "extract", {"aux_layers": [1, 2, 3]}) is None  # same params: resume
+    assert (out / "hs_0.safetensors").exists()
+    moved = manifest.claim(out, "extract", {"aux_layers": [2, 3, 4]})
+    assert moved == tmp_path / "hidden_states.stale-partial" and (moved / "hs_0.safetensors").read_bytes() == b"old"
+    assert not (out / "hs_0.safetensors").exists()
+    manifest.write(out, "extract", [], params={"aux_layers": [2, 3, 4]})
+    with pytest.raises(StageError, match="move it away"):
+        manifest.claim(out, "extract", {"aux_layers": [9]}, may_move=False)
+    fp = manifest.read(out)["fingerprint"]
+    assert manifest.claim(out, "extract", {"aux_layers": [9]}) == tmp_path / f"hidden_states.stale-{fp}"
+
+
+def test_summary_reads_the_manifests(tmp_path):
+    from eaglelab.stages import summary
+
+    (tmp_path / "vocab").mkdir()
+    (tmp_path / "vocab" / "coverage.json").write_text('{"coverage": 0.983}')
+    manifest.write(tmp_path / "vocab", "vocab", [tmp_path / "vocab" / "coverage.json"],
+                   counts={"draft_vocab_size": 32000, "target_vocab_size": 163840})
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "report.json").write_text(json.dumps(
+        {"acceptance_rate": 0.15, "mean_acceptance_length": 1.4, "speedup": 0.8, "verdict": "SLOWER"}))
+    s = summary.collect(tmp_path)
+    text = "\n".join(summary.lines(s))
+    assert "32000 of 163840 tokens, coverage 98.3%" in text and "speedup 0.80x: SLOWER" in text
+    assert "train" not in s

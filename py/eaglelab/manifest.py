@@ -114,3 +114,39 @@ def require(out_dir: str | Path, stage: str, fix: str) -> dict:
         raise StageError(f"{out_dir / NAME}: outputs do not match the manifest: {'; '.join(bad[:5])}. "
                          f"Fix: {fix}")
     return doc
+
+
+def set_aside(out_dir: str | Path) -> Path:
+    """Rename out_dir (made with other inputs or settings) to <out_dir>.stale-<fingerprint>, so a
+    rerun neither mixes old and new outputs nor deletes anything (hidden states can be 800 GB:
+    the user decides). Returns the new name."""
+    out_dir = Path(out_dir)
+    doc = read(out_dir) or {}
+    base = out_dir.with_name(f"{out_dir.name}.stale-{doc.get('fingerprint') or 'partial'}")
+    dest, n = base, 1
+    while dest.exists():
+        dest, n = base.with_name(f"{base.name}.{n}"), n + 1
+    out_dir.rename(dest)
+    return dest
+
+
+CLAIM = ".params.json"  # written when a stage starts writing into a directory
+
+
+def claim(out_dir: str | Path, stage: str, params: dict, may_move: bool = True) -> Path | None:
+    """Before a stage writes into out_dir: if a finished (manifest) or interrupted (claim) earlier run
+    used other params, set the directory aside (so a resume never mixes two runs' outputs); then
+    record ours. Returns where the old outputs went, or None."""
+    out_dir = Path(out_dir)
+    params = json.loads(json.dumps(params))
+    moved = None
+    if out_dir.exists():
+        doc = read(out_dir) or read_json(out_dir / CLAIM)
+        if isinstance(doc, dict) and doc.get("params") != params:
+            if not may_move:
+                raise StageError(f"{out_dir}: holds outputs made with {doc.get('params')}, not {params}; "
+                                 f"move it away (on every host that shares it), then run again")
+            moved = set_aside(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / CLAIM, {"schema": 1, "stage": stage, "params": params})
+    return moved

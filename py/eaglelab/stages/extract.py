@@ -222,14 +222,14 @@ def main(backend: str, model: Path, data: Path, out_dir: Path, aux_layers: str, 
     params = {"data": prep["fingerprint"], "aux_layers": aux, "layer_ids": layer_ids, "max_samples": max_samples,
               "world_size": world_size}
     rank_name = manifest.NAME if world_size == 1 else f"manifest.rank{rank}.json"
-    old = manifest.read(out_dir, rank_name)
-    if old is not None and old.get("params") != params:
-        raise StageError(f"{out_dir / rank_name}: these hidden states were made with {old.get('params')}, not "
-                         f"{params}; delete {out_dir} (or choose another --out) to extract again")
     if manifest.is_complete(out_dir, params, rank_name):
-        click.echo(f"extract: {out_dir} is complete ({old['counts']}); skipping")
+        click.echo(f"extract: {out_dir} is complete ({manifest.read(out_dir, rank_name)['counts']}); skipping")
         return
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # Other hosts may be writing into a shared directory: never move it under them.
+    moved = manifest.claim(out_dir, "extract", params, may_move=world_size == 1)
+    if moved:
+        click.echo(f"extract: {out_dir} held hidden states of other data or layers; moved to {moved} "
+                   "(delete it to free the disk)")
     mine = rank_indices(len(dataset), max_samples, world_size, rank)
     todo = pending_indices(out_dir, mine)
     if len(mine) - len(todo):

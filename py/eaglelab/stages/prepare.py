@@ -11,7 +11,6 @@ before they start: samples, tokens, and Σ seq_len, from which extraction's disk
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import click
@@ -86,9 +85,9 @@ def main(model: Path, data: Path, out_dir: Path, seq_length: int, max_samples: i
     if manifest.is_complete(out_dir, params):
         click.echo(f"prepare: {out_dir} is complete ({manifest.read(out_dir)['counts']}); skipping")
         return
-    if out_dir.exists():
-        click.echo(f"prepare: {out_dir} is stale or half-written; rebuilding it")
-        shutil.rmtree(out_dir)  # speculators skips a dir with arrow files in it, and reuses token_freq.pt
+    if out_dir.exists():  # speculators would skip a dir with arrow files in it, and reuse token_freq.pt
+        moved = manifest.set_aside(out_dir)
+        click.echo(f"prepare: {out_dir} was made from other inputs or is half-written; moved to {moved}")
 
     from speculators.cli.prepare_data import prepare_data
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import json
 import re
-import shutil
 import time
 from pathlib import Path
 
@@ -141,12 +140,10 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
     if manifest.is_complete(out_dir, params):
         click.echo(f"synth: {out_dir} is complete ({manifest.read(out_dir)['counts']}); skipping")
         return
-    old = manifest.read(out_dir)
-    if old is not None and old.get("params") != params:
-        click.echo(f"synth: inputs changed since {out_dir / manifest.NAME}; starting over")
-        shutil.rmtree(out_dir)
     check_server(endpoint, model)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    moved = manifest.claim(out_dir, "synth", params)
+    if moved:
+        click.echo(f"synth: {out_dir} held responses made with other prompts or settings; moved to {moved}")
 
     import speculators.cli.regenerate_responses as regen
     from speculators.cli.regenerate_responses import regenerate_responses

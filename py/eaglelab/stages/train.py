@@ -108,6 +108,8 @@ def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Pat
 @click.option("--draft-attn-impl", type=click.Choice(["auto", "simple_flex_attention", "sdpa", "eager"]),
               default="auto", show_default=True, help="auto: sdpa on CPU, flex attention on GPU")
 @click.option("--ttt-steps", default=3, show_default=True)
+@click.option("--loss-fn", default="kl_div", show_default=True,
+              help="kl_div (speculators' default for eagle3) | ce (hard labels: the target's argmax) | ...")
 @click.option("--num-workers", default=None, type=int, help="dataloader workers (default 0 on CPU, 4 on GPU)")
 @click.option("--max-steps", default=None, type=int, help="stop after this many optimizer steps (smoke runs)")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
@@ -116,7 +118,7 @@ def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Pat
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Path, aux_layers: str,
          draft_vocab_size: int, epochs: int, lr: float, total_seq_len: int, loss_implementation: str,
-         draft_attn_impl: str, ttt_steps: int, num_workers: int | None, max_steps: int | None, device: str,
+         draft_attn_impl: str, ttt_steps: int, loss_fn: str, num_workers: int | None, max_steps: int | None, device: str,
          gpus: int, trust_remote_code: bool, extra: tuple[str, ...]) -> None:
     """Train the drafter (EXTRA args go to `speculators train` unchanged)."""
     import torch
@@ -146,14 +148,15 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
 
     params = {"data": prep["fingerprint"], "hidden_states": hs["fingerprint"], "vocab": voc["fingerprint"],
               "aux_layers": aux, "epochs": epochs, "lr": lr, "total_seq_len": total_seq_len,
-              "loss": loss_implementation, "max_steps": max_steps, "ttt_steps": ttt_steps, "extra": list(extra)}
+              "loss": loss_implementation, "loss_fn": loss_fn, "max_steps": max_steps, "ttt_steps": ttt_steps, "extra": list(extra)}
     if manifest.is_complete(out_dir, params):
         click.echo(f"train: {out_dir} is complete ({manifest.read(out_dir)['counts']}); skipping")
         return
-    old = manifest.read(out_dir)
-    if old is not None and old.get("params") != params:
-        raise StageError(f"{out_dir / manifest.NAME}: these checkpoints were trained with other inputs or settings "
-                         f"({old.get('params')}); move {out_dir} away to train afresh")
+    if int(os.environ.get("RANK", "0")) == 0:
+        moved = manifest.claim(out_dir, "train", params)
+        if moved:
+            click.echo(f"train: {out_dir} was trained with other inputs or settings; moved to {moved}; "
+                       "training afresh")
     before = completed_epochs(out_dir)
     if before:
         click.echo(f"train: resuming after epoch {before[-1]} (checkpoints {before} in {out_dir})")
@@ -164,7 +167,8 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
                             draft_vocab_size=draft_vocab_size, epochs=epochs, lr=lr, seq_len=total_seq_len,
                             loss=loss_implementation, attn=attn, workers=workers, max_steps=max_steps,
                             ttt_steps=ttt_steps,
-                            extra=(["--trust-remote-code"] if trust_remote_code else []) + list(extra))
+                            extra=["--loss-fn", loss_fn] + (["--trust-remote-code"] if trust_remote_code else [])
+                            + list(extra))
     if gpus > 1 and "LOCAL_RANK" not in os.environ:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
                "-m", "eaglelab.stages.train", *sys.argv[1:]]
@@ -183,6 +187,10 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
     done = completed_epochs(out_dir)
     if not done:
         raise StageError(f"{out_dir}: training ended without a checkpoint; see the errors above")
+    # speculators exits 0 on SIGTERM after saving `interrupted/`: that is not a finished training.
+    if max_steps is None and done[-1] < epochs - 1:
+        raise StageError(f"{out_dir}: training stopped after epoch {done[-1] + 1} of {epochs} (interrupted); "
+                         "run the stage again to resume from that checkpoint")
     last = out_dir / str(done[-1])
     common.check_drafter(last, cfg, aux)
     # A stable name for the serving stage; speculators' resume ignores symlinks.
