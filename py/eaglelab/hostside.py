@@ -250,6 +250,8 @@ VERBS = {
     "stop": lambda a: stop(a["work_dir"], a["run_id"], a.get("grace_s", 30.0)),
     "read_log": lambda a: {"data": base64.b64encode(read_log(a["work_dir"], a["run_id"], a.get("offset", 0),
                                                              a.get("limit", 1 << 20))).decode()},
+    "facts": lambda a: __import__("eaglelab.hostfacts", fromlist=["facts"]).facts(
+        a["work_dir"], a.get("inputs", []), a.get("outputs", []), a.get("cwd", ".")),
 }
 
 
