@@ -230,3 +230,80 @@ def lab_conf(conf_dir: Path, lab: TestLab, stages: dict, *, work: str = "~/work"
         "profile": "none", "logs_dir": str(logs_dir or conf_dir.parent / "logs"), "hosts": host_cfg}))
     (conf_dir / "pipeline.yaml").write_text(yaml.safe_dump({"vars": vars or {}, "stages": stages}))
     return conf_dir
+
+
+class SshLab:
+    """One test's lab config over the shared namespace hosts: its own conf, registry, mirror and
+    per-host work dir (`~/work/<test>`, so each host's runs are under its own home)."""
+
+    __test__ = False
+
+    def __init__(self, net: TestLab, root: Path):
+        self.net, self.root = net, Path(root)
+        self.conf, self.logs = self.root / "conf", self.root / "logs"
+        self.work = f"~/work/{self.root.name}"
+        self.names: dict[str, str] = {}
+        self._labs: list = []
+
+    def write(self, stages: dict, **kw) -> "SshLab":
+        self.names = kw.get("names") or {}
+        lab_conf(self.conf, self.net, stages, work=self.work, logs_dir=self.logs, **kw)
+        return self
+
+    def env(self) -> dict:
+        repo = Path(__file__).resolve().parents[1]
+        env = dict(os.environ, EAGLELAB_CONF=str(self.conf))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo / "py"), str(repo), env.get("PYTHONPATH")]))
+        env.pop("EAGLELAB_PROFILE", None)
+        return env
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "eaglelab.cli", *args]
+
+    def lab(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        p = subprocess.run(self.argv(*args), capture_output=True, text=True, env=self.env(), timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+        if check and p.returncode != 0:
+            raise AssertionError(f"lab {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+        return p
+
+    def popen(self, *args: str, **kw) -> subprocess.Popen:
+        return subprocess.Popen(self.argv(*args), env=self.env(), stdin=subprocess.DEVNULL, **kw)
+
+    def status(self) -> dict:
+        import json
+        return json.loads(self.lab("status", "--json").stdout)
+
+    def core(self):
+        """An in-process Lab on this config (its executors are closed at teardown)."""
+        from eaglelab.lab import Lab
+        lab = Lab.load(str(self.conf))
+        self._labs.append(lab)
+        return lab
+
+    def run_dir(self, host: str, run_id: str) -> Path:
+        """A run's directory, read straight from the host's home (the filesystem is shared)."""
+        return self.net.home(host) / self.work[2:] / "runs" / run_id
+
+    def cleanup(self) -> None:
+        import json
+        for h in self.net.hosts:
+            runs = self.net.home(h) / self.work[2:] / "runs"
+            for d in runs.iterdir() if runs.is_dir() else []:
+                if not (d / "exit.json").exists():
+                    try:
+                        pgid = json.loads((d / "meta.json").read_text()).get("pgid")
+                        os.killpg(pgid, signal.SIGKILL)
+                    except (OSError, ValueError, TypeError):
+                        pass
+        for lab in self._labs:
+            for ex in lab._executors.values():
+                close = getattr(ex, "close", None)
+                if close:
+                    try:
+                        close()
+                    except Exception:
+                        pass
+        # masters started by `lab` subprocesses: ask each control socket to exit
+        for sock in (self.logs / "ssh").glob("*") if (self.logs / "ssh").is_dir() else []:
+            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True, timeout=10)

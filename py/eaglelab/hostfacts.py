@@ -39,4 +39,23 @@ def facts(work_dir: str, inputs: list[str], outputs: list[str], cwd: str) -> dic
             "python_version": platform.python_version(), "packages": packages(),
             "free_disk_bytes": disk, "gpus": hostside.gpus(),
             "inputs": hostside.inputs_digest(inputs, str(base)) if inputs else {},
-            "cwd_exists": base.is_dir(), "pid": os.getpid()}
+            "manifests": manifests(inputs, base), "cwd_exists": base.is_dir(), "pid": os.getpid()}
+
+
+def manifests(inputs: list[str], base: Path) -> dict[str, dict]:
+    """counts and params of each input's manifest.json (the prepared data's token count feeds the
+    hidden-states disk estimate)."""
+    import json
+    out = {}
+    for p in inputs or []:
+        path = base / p
+        if not path.is_dir():
+            continue
+        path = path / "manifest.json"
+        try:
+            m = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(m, dict):
+            out[p] = {"counts": m.get("counts") or {}, "params": m.get("params") or {}}
+    return out
