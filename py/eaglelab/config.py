@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import string
 from pathlib import Path
 from typing import Any, Literal
@@ -193,9 +194,15 @@ def render_template(value: str, variables: dict[str, str], where: str, _depth: i
                           f"{did_you_mean(e.args[0], variables)}; define it under `vars:`") from None
     except ValueError as e:
         raise ConfigError(f"{where}: bad $ placeholder in {value!r} ({e}); write $$ for a literal $") from None
-    if "$" in out and out != value and _depth < 10:
+    # Vars may refer to vars: render again only while a known ${var} remains, so that a literal
+    # `$$(...)` (now `$(...)`) stays inert text instead of failing as a bad placeholder.
+    if "$" in out and out != value and _depth < 10 and any(
+            (m.group(1) or m.group(2)) in variables for m in _VAR_REF.finditer(out)):
         return render_template(out, variables, where, _depth + 1)
     return out
+
+
+_VAR_REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
 def _load_yaml(path: Path) -> dict:
