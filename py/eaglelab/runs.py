@@ -147,9 +147,10 @@ class Registry:
         with self._connect() as db:
             out = {}
             for r in db.execute("SELECT * FROM hosts"):
-                out[r["name"]] = {"name": r["name"], "reachable": bool(r["reachable"]),
-                                  "unreachable_since": r["unreachable_since"], "checked_at": r["checked_at"],
-                                  **(json.loads(r["report"]) if r["report"] else {})}
+                # the stored report first: its own keys must not override what the registry knows now
+                out[r["name"]] = {**(json.loads(r["report"]) if r["report"] else {}),
+                                  "name": r["name"], "reachable": bool(r["reachable"]),
+                                  "unreachable_since": r["unreachable_since"], "checked_at": r["checked_at"]}
         return out
 
     # -- phase history, for the ETA of phases not yet begun ------------------------------------

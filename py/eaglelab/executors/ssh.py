@@ -56,8 +56,10 @@ class SshExecutor(Executor):
         return remote_rel(self.host.repo_dir)
 
     def _join(self, base: str, p: str) -> str:
-        p = remote_rel(p)
-        return p if p.startswith("/") else posixpath.normpath(posixpath.join(base, p))
+        """p relative to base; `~/x` stays relative to the home dir (where remote commands start)."""
+        if p == "~" or p.startswith(("~/", "/")):
+            return remote_rel(p)
+        return posixpath.normpath(posixpath.join(base, p))
 
     def repo_dir(self) -> str:
         """Absolute: stage commands and cwd are resolved by processes that do not start in $HOME."""
@@ -65,7 +67,8 @@ class SshExecutor(Executor):
         return rel if rel.startswith("/") else posixpath.normpath(posixpath.join(self.home(), rel))
 
     def host_path(self, p: str) -> str:
-        return self._join(self.repo_dir(), p)
+        r = self._join(self.repo_dir(), p)
+        return r if r.startswith("/") else posixpath.normpath(posixpath.join(self.home(), r))
 
     @property
     def work_dir(self) -> str:
@@ -181,9 +184,7 @@ class SshExecutor(Executor):
         return self.call("launch", {"work_dir": self.work_dir, "spec": spec})
 
     def report(self, stage: str | None = None) -> dict:
-        rep = self.call("report", {"work_dir": self.work_dir, "stage": stage})
-        rep["host"], rep["reachable"] = self.host.name, True
-        return rep
+        return self.call("report", {"work_dir": self.work_dir, "stage": stage})
 
     def stop(self, run_id: str, grace_s: float = 30.0) -> dict:
         return self.call("stop", {"work_dir": self.work_dir, "run_id": run_id, "grace_s": grace_s},
