@@ -25,6 +25,8 @@ from .executors import HostUnreachable
 BF16_BYTES = 2
 DEFAULT_AUX_LAYERS = 3  # EAGLE-3: three aux layers [2, L//2, L-3] (+ the last layer)
 TOKEN_KEYS = ("tokens", "total_tokens", "sum_seq_len", "num_tokens")
+# pipeline vars the estimates read (each may refer to other vars)
+ESTIMATE_VARS = ("hidden_size", "aux_layers", "total_tokens", "num_samples", "seq_length", "gpu_mem_mib")
 
 
 @dataclass
@@ -198,7 +200,7 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
                                   f"python {facts.get('python_version')} at {facts.get('python')})")]
     checks.append(check_env(lock_path(host), facts.get("packages") or {}, stage.host))
     raw = lab.cfg.vars_for(stage)
-    variables = {k: lab.cfg.render(stage, v, raw) if isinstance(v, str) else v for k, v in raw.items()}
+    variables = {k: lab.cfg.render(stage, raw[k], raw) for k in ESTIMATE_VARS if k in raw}
     est, how = estimate_output_bytes(stage, variables, facts.get("manifests") or {})
     disk = facts.get("free_disk_bytes") or {}
     where = next((o for o in spec["outputs"] if "hidden_states" in o),
