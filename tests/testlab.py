@@ -267,8 +267,9 @@ class SshLab:
             raise AssertionError(f"lab {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
         return p
 
-    def popen(self, *args: str, **kw) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(*args), env=self.env(), stdin=subprocess.DEVNULL, **kw)
+    def popen(self, *args: str, env_extra: dict | None = None, **kw) -> subprocess.Popen:
+        return subprocess.Popen(self.argv(*args), env={**self.env(), **(env_extra or {})},
+                                stdin=subprocess.DEVNULL, **kw)
 
     def status(self) -> dict:
         import json
