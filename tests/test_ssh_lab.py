@@ -161,3 +161,14 @@ def _group_alive(pgid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def test_logs_follow_streams_from_the_host_and_mirrors(sshlab):
+    sshlab.write({"talk": tick("h1", 10, 0.2)}, hosts=["h1"])
+    sshlab.lab("run", "talk", "--detach")
+    out = sshlab.lab("logs", "-f", "talk").stdout
+    (run_id,) = host_run_ids(sshlab, "h1")
+    host_log = (sshlab.run_dir("h1", run_id) / "output.log").read_bytes()
+    text = host_log.decode().replace("\r\n", "\n").replace("\r", "\n")  # as a text-mode pipe reads it
+    assert out.startswith(text) and out.rstrip().endswith(f"{run_id} completed")
+    assert (sshlab.logs / "mirror" / "h1" / f"{run_id}.log").read_bytes() == host_log
