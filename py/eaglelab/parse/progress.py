@@ -102,9 +102,17 @@ def parse_progress(line: str) -> Progress | None:
     """The progress bar in one frame, or None when line is not a progress bar."""
     if "[" not in line or "]" not in line:
         return None  # fast path: almost every non-bar line
-    clean = strip_ansi(line)
-    split = split_prefix(clean)
-    text = split.message.rstrip()
+    split = split_prefix(strip_ansi(line))
+    return parse_bar(split.message, split.prefix)
+
+
+def parse_bar(message: str, prefix: str = "") -> Progress | None:
+    """parse_progress for a frame already cleaned of colour codes and process prefixes."""
+    if "]" not in message:
+        return None
+    text = message.rstrip()
+    if not text.endswith("]"):
+        return None
     m = _BAR_RE.search(text)
     if m is None:
         return None
@@ -148,7 +156,7 @@ def parse_progress(line: str) -> Progress | None:
         label=desc, n=n, total=total, unit=unit, percent=percent,
         elapsed_s=parse_time(m.group("elapsed")), remaining_s=parse_time(m.group("remaining")),
         rate=rate, rate_unit=rate_unit or "", rate_s_per_it=s_per_it,
-        postfix=_postfix(post_items), prefix=split.prefix,
+        postfix=_postfix(post_items), prefix=prefix,
     )
 
 
