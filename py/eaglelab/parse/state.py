@@ -15,7 +15,7 @@ from .bars import BarBook, BarTrack, estimate_eta_s
 from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, Event
 from .failures import Candidate, FailureRecognizer
 from .prefixes import split_prefix
-from .progress import parse_bar
+from .progress import parse_bar, split_glued
 from .records import LogClock, parse_record
 from .stall import check_stall
 
@@ -79,6 +79,13 @@ class LogState:
             if p is not None:
                 self._on_bar(p, lineno, now)
                 return
+        elif "]" in msg:
+            glued = split_glued(msg)
+            if glued is not None:
+                p = parse_bar(glued[0], prefix)
+                if p is not None:
+                    self._on_bar(p, lineno, now)
+                    msg = glued[1]
         rec = parse_record(msg)
         if rec.time is not None:
             self._log_t = self.clock.seconds(rec)
