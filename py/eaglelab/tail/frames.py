@@ -31,12 +31,14 @@ class FrameSplitter:
         self.lines = 0           # complete lines so far
         self.bad = 0             # lines/frames cut for length or with invalid UTF-8
         self._partial = b""      # bytes after the last terminator (at most max_line)
-        self._skipping = False   # inside an over-long line/frame whose head was kept
+        self._skipping = False   # inside an over-long line/frame whose head was handed over
+        self._held: bytes | None = None  # the partial frame handed over before its terminator came
 
     def reset(self) -> None:
         """The file was truncated or replaced: forget the partial line (counters go on)."""
         self._partial = b""
         self._skipping = False
+        self._held = None
 
     def feed(self, data: bytes) -> None:
         if not data:
@@ -63,6 +65,7 @@ class FrameSplitter:
             self._line(self._partial)
             self._partial = b""
             self._skipping = False
+        self._held = None
 
     # A complete line (without its \n): frames then the visible text.
     def _line(self, line: bytes) -> None:
@@ -75,6 +78,10 @@ class FrameSplitter:
                 visible = frames.pop()
             self._frames(frames, self.lines)
             line = visible
+        if self._held is not None:
+            held, self._held = self._held, None
+            if line.rstrip(b" ") == held:
+                return  # handed over already, while it waited for its end
         if len(line) > self.max_line:
             line = line[: self.max_line]
             self.bad += 1
@@ -82,25 +89,33 @@ class FrameSplitter:
 
     # Bytes after the last newline: complete \r-frames now, the rest waits.
     def _tail(self, buf: bytes) -> None:
-        last_cr = buf.rfind(b"\r")
-        if last_cr >= 0:
-            self._frames(buf[:last_cr].split(b"\r"), self.lines + 1)
-            buf = buf[last_cr + 1:]
+        # A trailing \r may be half of a \r\n: the frame before it waits for the next byte.
+        end = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
+        start = buf.rfind(b"\r", 0, end) + 1
+        if start > 0:
+            self._frames(buf[: start - 1].split(b"\r"), self.lines + 1)
+        buf = buf[start:]
         if len(buf) > self.max_line:
             self.bad += 1
-            # Keep the head as the partial line; skip the rest up to the next terminator.
-            self._partial = buf[: self.max_line]
+            # Hand over the head now and skip the rest up to the next terminator: memory stays bounded.
+            self.on_frame(self._decode(buf[: self.max_line]), self.lines + 1)
+            self._partial = b""
             self._skipping = True
-            self._emit_cut_partial()
-        else:
-            self._partial = buf
-
-    def _emit_cut_partial(self) -> None:
-        """An over-long partial line is handed over now (its head), so that memory stays bounded."""
-        self.on_frame(self._decode(self._partial), self.lines + 1)
-        self._partial = b""
+            self._held = None
+            return
+        self._partial = buf
+        # tqdm writes '\r' + frame: the newest frame has no terminator until the next one comes,
+        # which for a slow bar is minutes. A partial that ends like a frame is handed over now.
+        core = buf.rstrip(b"\r ")
+        if core.endswith(b"]") and core != self._held:
+            self._held = core
+            self.on_frame(self._decode(core), self.lines + 1)
 
     def _frames(self, frames: list[bytes], lineno: int) -> None:
+        if self._held is not None and frames:
+            held, self._held = self._held, None
+            if frames[0].rstrip(b" ") == held:
+                frames = frames[1:]
         frames = [f for f in frames if f]
         if len(frames) > 2 * self.sample:
             step = len(frames) / self.sample
