@@ -133,3 +133,26 @@ def test_lab_parse_names_a_missing_file():
     result = CliRunner().invoke(parse_cmd, ["/nonexistent/output.log", "--json"])
     assert result.exit_code == 2
     assert "'/nonexistent/output.log' does not exist" in result.output
+
+
+RECORDED = LOGS / "recorded"
+
+
+def test_recorded_vllm_cpu_server_start_and_stop():
+    s = parse_file(RECORDED / "vllm_cpu_tiny_server.log")
+    assert s["state"] == "completed" and s["failure"] is None and s["ready"] is True
+    names = [p["name"] for p in s["phases"]]
+    assert names[0] == "weights_loading" and "serving" in names and names[-1] == "shutdown"
+    assert s["progress"]["label"] == "Loading safetensors checkpoint shards"
+    assert s["progress"]["n"] == s["progress"]["total"] == 6
+    assert "vllm/gen_tokens_per_s" in s["metrics"]
+    assert not any(k in s["metrics"] for k in ("world_size", "rank", "local_world_size"))  # setup lines are no metrics
+
+
+def test_recorded_speculators_training_logging():
+    s = parse_file(RECORDED / "speculators_train_logging.log")
+    assert s["state"] == "completed"
+    assert [p["name"] for p in s["phases"]].count("training") == 2
+    assert s["metrics"]["train/loss"] == [[0, 9.0], [1, 4.5], [2, 3.0], [3, 2.25], [4, 1.8], [5, 1.5]]
+    assert s["metrics"]["val/loss_epoch"] == [[0, 8.0], [1, 7.0]]
+    assert s["metrics"]["train/full_acc_0"][0] == [0, 0.0]

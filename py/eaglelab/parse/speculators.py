@@ -87,9 +87,13 @@ def recognize(msg: str) -> list[Event]:
     return []
 
 
+# A metric line names something a trainer measures; `world_size=1, rank=0` (vLLM's setup) does not.
+_METRIC_KEY_RE = re.compile(r"/|loss|acc|lr$|grad_norm|perplexity|tokens_per_s")
+
+
 def _metric_line(msg: str) -> list[Event]:
     pairs = {k: v for k, v in _KV_RE.findall(msg)}
-    if not pairs:
+    if not pairs or not any(_METRIC_KEY_RE.search(k) for k in pairs):
         return []
     step_key = "global_step" if "global_step" in pairs else "step" if "step" in pairs else None
     step = num(pairs[step_key]) if step_key else None
