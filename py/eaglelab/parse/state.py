@@ -54,6 +54,8 @@ class LogState:
         self.stuck_stats = 0
         self.stats_message = ""
         self._log_t: float | None = None
+        self.last_line = ""       # the last non-blank line: what a failure without a named reason shows
+        self.last_line_no: int | None = None
 
     # ---- input -------------------------------------------------------------------------------
 
@@ -74,6 +76,8 @@ class LogState:
             return
         split = split_prefix(strip_ansi(text))
         prefix, msg = split.prefix, split.message
+        if msg.strip():
+            self.last_line, self.last_line_no = msg.strip()[:500], lineno
         if msg.endswith("]"):
             p = parse_bar(msg, prefix)
             if p is not None:
@@ -259,6 +263,7 @@ class LogState:
             "frames": self.frames,
             "ready": self.ready_line is not None,
             "end_marker": self.done_message or None,
+            "last_line": self.last_line or None,
             "stall": None if stall is None else {"reason": stall.reason, "message": stall.message, "idle_s": stall.idle_s},
             "failures_survived": self.dismissed,
             "progress_bars": [_bar_summary(t, include_history) for t in self.bars.bars.values()],
@@ -322,7 +327,8 @@ def combine_with_exit(log_state: dict, exit_info: dict) -> dict:
                 failure = {"reason": "timeout", "line": None, "process": None, "message": "exit code 124 (timeout)"}
             else:
                 what = f"signal {sig} ({exit_info.get('signal_name')})" if sig is not None else f"exit code {code}"
+                last = log_state.get("last_line")
                 failure = {"reason": "other", "line": None, "process": None,
-                           "message": f"ended by {what}; the log names no reason"}
+                           "message": f"ended by {what}; last line: {last}" if last else f"ended by {what}; the log is empty"}
         out.update(state="failed", failure=failure)
     return out
