@@ -79,12 +79,16 @@ def test_reset_forgets_the_partial_line():
     assert s.lines == [("abc", 1), ("fresh", 2)]
 
 
-def test_the_newest_frame_is_handed_over_before_its_terminator_comes_and_only_once():
-    s = run([b"\rLoading:  10%|# | 1/10 [00:30<04:30, 30.00s/it]"])
-    assert s.frames == [("Loading:  10%|# | 1/10 [00:30<04:30, 30.00s/it]", 1)]  # not held for 30 s
+def test_live_the_newest_frame_is_handed_over_before_its_terminator_comes():
+    prov: list[str] = []
+    s = Sink(on_provisional=lambda t, n: prov.append(t))
+    s.sp.feed(b"\rLoading:  10%|# | 1/10 [00:30<04:30, 30.00s/it]")
+    assert prov == ["Loading:  10%|# | 1/10 [00:30<04:30, 30.00s/it]"]  # not held back for 30 s
+    assert s.frames == []
     s.sp.feed(b"\rLoading:  20%|## | 2/10 [01:00<04:00, 30.00s/it]  ")
     s.sp.feed(b"\n")
-    assert [t for t, _ in s.frames] == ["Loading:  10%|# | 1/10 [00:30<04:30, 30.00s/it]",
-                                        "Loading:  20%|## | 2/10 [01:00<04:00, 30.00s/it]"]
-    assert s.lines == []  # the last frame was already given; its newline adds no second copy
-    assert s.sp.lines == 1
+    assert prov[-1] == "Loading:  20%|## | 2/10 [01:00<04:00, 30.00s/it]"
+    assert [t for t, _ in s.frames] == ["Loading:  10%|# | 1/10 [00:30<04:30, 30.00s/it]"]
+    assert s.lines == [("Loading:  20%|## | 2/10 [01:00<04:00, 30.00s/it]  ", 1)]  # delivered as usual too
+    s.sp.feed(b"OSError: [Errno 28]")
+    assert len(prov) == 2  # only what ends like a tqdm frame is handed over early

@@ -71,6 +71,19 @@ class LogState:
         self.frames += 1
         self.feed_line(text, lineno, now)
 
+    def feed_provisional(self, text: str, lineno: int, now: float | None = None) -> None:
+        """The newest, not yet terminated frame (live tailing): only a progress bar is read from it.
+
+        It comes again once terminated; the bar book takes the repeat as no news.
+        """
+        try:
+            split = split_prefix(strip_ansi(text))
+            p = parse_bar(split.message, split.prefix)
+            if p is not None:
+                self._on_bar(p, lineno, now)
+        except Exception:  # noqa: BLE001
+            self.bad_lines += 1
+
     def _feed(self, text: str, lineno: int, now: float | None) -> None:
         if not text:
             return

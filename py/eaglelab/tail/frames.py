@@ -14,25 +14,33 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 LineSink = Callable[[str, int], None]   # (text, lineno)
 
 MAX_LINE = 64 * 1024
+# How a tqdm frame ends: `[elapsed<remaining, rate, postfix]` or `[elapsed, rate]`.
+_FRAME_END_RE = re.compile(rb"\[(?:\d+ days?, )?\d+(?::\d\d){1,2}(?:<[^\]]*)?(?:,[^\]]*)?\]$")
 SAMPLE = 8
 
 
 class FrameSplitter:
-    def __init__(self, on_line: LineSink, on_frame: LineSink, max_line: int = MAX_LINE, sample: int = SAMPLE) -> None:
+    def __init__(self, on_line: LineSink, on_frame: LineSink, max_line: int = MAX_LINE, sample: int = SAMPLE,
+                 on_provisional: LineSink | None = None) -> None:
         self.on_line = on_line
         self.on_frame = on_frame
+        # Live tailing only: the newest tqdm frame, before its terminator comes (it is delivered
+        # again, as usual, once terminated). tqdm writes '\r' + frame, so for a slow bar the
+        # terminator comes minutes later, with the next frame.
+        self.on_provisional = on_provisional
         self.max_line = max_line
         self.sample = sample
         self.lines = 0           # complete lines so far
         self.bad = 0             # lines/frames cut for length or with invalid UTF-8
         self._partial = b""      # bytes after the last terminator (at most max_line)
         self._skipping = False   # inside an over-long line/frame whose head was handed over
-        self._held: bytes | None = None  # the partial frame handed over before its terminator came
+        self._held: bytes | None = None  # the partial frame last handed to on_provisional
 
     def reset(self) -> None:
         """The file was truncated or replaced: forget the partial line (counters go on)."""
@@ -78,10 +86,6 @@ class FrameSplitter:
                 visible = frames.pop()
             self._frames(frames, self.lines)
             line = visible
-        if self._held is not None:
-            held, self._held = self._held, None
-            if line.rstrip(b" ") == held:
-                return  # handed over already, while it waited for its end
         if len(line) > self.max_line:
             line = line[: self.max_line]
             self.bad += 1
@@ -104,18 +108,13 @@ class FrameSplitter:
             self._held = None
             return
         self._partial = buf
-        # tqdm writes '\r' + frame: the newest frame has no terminator until the next one comes,
-        # which for a slow bar is minutes. A partial that ends like a frame is handed over now.
-        core = buf.rstrip(b"\r ")
-        if core.endswith(b"]") and core != self._held:
-            self._held = core
-            self.on_frame(self._decode(core), self.lines + 1)
+        if self.on_provisional is not None:
+            core = buf.rstrip(b"\r ")
+            if core.endswith(b"]") and core != self._held and _FRAME_END_RE.search(core[-400:]):
+                self._held = core
+                self.on_provisional(core.decode("utf-8", "replace"), self.lines + 1)
 
     def _frames(self, frames: list[bytes], lineno: int) -> None:
-        if self._held is not None and frames:
-            held, self._held = self._held, None
-            if frames[0].rstrip(b" ") == held:
-                frames = frames[1:]
         frames = [f for f in frames if f]
         if len(frames) > 2 * self.sample:
             step = len(frames) / self.sample
