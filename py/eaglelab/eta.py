@@ -37,13 +37,17 @@ import numpy as np
 
 # --- tuning (measured on bench/corpus with bench/bench_eta.py; see bench/RESULTS.md) ---------------
 DRIFT_DAMPING = 0.5  # share of the fitted drift that is assumed to continue
-RANGE_Z = 1.6  # half-width of the range in units of the level's log-scale uncertainty
+RANGE_Z = 2.1  # half-width of the range in units of the level's log-scale uncertainty
 RANGE_FLOOR = 0.08  # the range is never narrower than +-8% (model risk that no fit sees)
+RECENCY = 0.5  # fit weights fall as exp(x / RECENCY): x = -1 at the regime's start, 0 now
+LEVEL_RECENCY = 0.5  # the level is calibrated with weights exp(x / LEVEL_RECENCY)
 MIN_SEGMENTS_FOR_DRIFT = 5  # fewer segments: no drift term, level only
 DRIFT_T = 2.0  # a drift is kept only when its slope is this many standard errors from 0
+DRIFT_MAX = 2.5  # a drift changes the per-item time at most x2.5 (or /2.5) over its horizon
 CHANGE_MIN_AFTER = 2  # a new regime needs at least this many segments after the step
 CHANGE_MIN_LOG = math.log(1.5)  # a step in the per-item time of at least x1.5 (or /1.5) ...
 CHANGE_CLEAN = 0.8  # ... with this share of each side cleanly on its side of the midpoint
+CHANGE_VS_TREND = 0.8  # ... and a step that fits clearly better (x0.8 of the cost) than a trend
 SCALE_FLOOR = 0.05  # robust log-scale never below this (identical quantized rates)
 MAX_POINTS = 512  # a tracker keeps at most this many observations (thinned evenly, oldest first)
 
@@ -88,7 +92,8 @@ def _wmedian(values: np.ndarray, weights: np.ndarray) -> float:
     return float(values[order][np.searchsorted(cw, cw[-1] / 2.0)])
 
 
-def _robust_line(x: np.ndarray, y: np.ndarray, w: np.ndarray, drift: bool) -> tuple[float, float, float, np.ndarray]:
+def _robust_line(x: np.ndarray, y: np.ndarray, w: np.ndarray, drift: bool,
+                 test: bool = True) -> tuple[float, float, float, np.ndarray]:
     """Tukey-bisquare IRLS fit y ~ a + b*x; returns a, b, robust scale, final weights.
 
     Starts from the weighted median (slope 0), so a huge outlier cannot drag the first fit."""
@@ -115,7 +120,7 @@ def _robust_line(x: np.ndarray, y: np.ndarray, w: np.ndarray, drift: bool) -> tu
             a, b = na, nb
             break
         a, b = na, nb
-    if drift and b != 0.0:
+    if test and drift and b != 0.0:
         # Keep a drift only where the data show one (|slope| > DRIFT_T standard errors); noise
         # alone fits a slope, and an extrapolated spurious slope is worse than none.
         ww = w * rw
@@ -157,6 +162,11 @@ def _changepoint(y: np.ndarray, w: np.ndarray) -> int:
             best, best_c = cost, c
     if best_c == 0:
         return 0
+    # A smooth drift is no step: keep one regime when a straight trend fits about as well.
+    xs = np.arange(k, dtype=float) / k
+    la, lb, _, _ = _robust_line(xs, y, w, True, test=False)
+    if best > CHANGE_VS_TREND * float(np.sum(w * np.abs(y - (la + lb * xs)))):
+        return 0
     c = best_c
     ma, mb = _wmedian(y[:c], w[:c]), _wmedian(y[c:], w[c:])
     if abs(mb - ma) < CHANGE_MIN_LOG:
@@ -168,12 +178,16 @@ def _changepoint(y: np.ndarray, w: np.ndarray) -> int:
 
 
 def _integrate(p0: float, b: float, items: float, cap: float) -> float:
-    """Seconds for `items` more items when the per-item time is p0*exp(b*u) for u <= cap, then flat."""
+    """Seconds for `items` more items when the per-item time goes linearly from p0 with relative
+    slope b per item (p0 * (1 + b*u)) for u <= cap items, then stays where it got to. The factor
+    (1 + b*cap) is kept within [1/DRIFT_MAX, DRIFT_MAX]."""
     if items <= 0:
         return 0.0
+    end_factor = min(max(1.0 + b * cap, 1.0 / DRIFT_MAX), DRIFT_MAX)
+    b = (end_factor - 1.0) / cap if cap > 0 else 0.0
     u = min(items, cap)
-    head = p0 * u if abs(b * u) < 1e-9 else p0 * (math.exp(b * u) - 1.0) / b
-    return head + p0 * math.exp(b * u) * max(items - cap, 0.0)
+    head = p0 * (u + b * u * u / 2.0)
+    return head + p0 * (1.0 + b * u) * max(items - cap, 0.0)
 
 
 def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, now: float | None = None,
@@ -226,17 +240,18 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     mids, dns, dts, y = mids[c:], dns[c:], dts[c:], y[c:]
     span = max(float(mids[-1] - mids[0]), 1.0)
     x = (mids - mids[-1]) / span  # 0 at the latest segment, -1 at the first of the regime
-    w = _capped(dns)
+    w = _capped(dns) * np.exp(x / RECENCY)  # the whole history, the recent part weighing more
     drift = len(dns) >= MIN_SEGMENTS_FOR_DRIFT
     a, b, scale, rw = _robust_line(x, y, w, drift)
 
-    # Level: the fitted shape, scaled so that it spends as much time as the bar really did (so
-    # periodic slow steps such as evaluation pauses count), leaving out the outliers of the first
-    # fifth only: a slow start (warm-up, first batch) is not going to come back.
+    # Level: the fitted shape, scaled so that it spends as much time as the bar really did, recent
+    # segments weighing more (so periodic slow steps such as evaluation pauses count, and a curving
+    # trend is met where it is now). Outliers of the first fifth stay out: a slow start (warm-up,
+    # first batch) is not going to come back.
     k = len(dns)
     calib = ~((rw == 0) & (x < -0.8))
-    fitted = np.exp(a + b * x[calib]) * dns[calib]
-    level = float(np.sum(dts[calib]) / np.sum(fitted))
+    lw = np.exp(x / LEVEL_RECENCY) * calib
+    level = float(np.sum(lw * dts) / np.sum(lw * np.exp(a + b * x) * dns))
     # Drift per item (log scale), from per-span units.
     b_item = b / span
     cap = float(n_last - (mids[0] - dns[0] / 2))  # items observed in the fitted stretch
@@ -252,9 +267,21 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     # clock's resolution over the time fitted, and the noise still to come over the items left.
     resid = np.log(dts / (np.exp(a + b * x) * level * dns))[calib]
     sigma_seg = max(float(np.sqrt(np.average(resid ** 2, weights=dns[calib]))), SCALE_FLOOR)
-    k_eff = float(np.sum(dns[calib]) ** 2 / np.sum(dns[calib] ** 2))
+    lw_d = (lw * dns)[calib]
+    k_eff = float(np.sum(lw_d) ** 2 / np.sum(lw_d ** 2))  # segments the level effectively rests on
     per_seg_items = float(np.mean(dns[calib]))
-    sigma = math.sqrt(sigma_seg ** 2 / k_eff
+    # Rates wander (a shared machine, a busy disk): the spread of the level between blocks of the
+    # history, which does not shrink with more segments the way independent noise would.
+    wander2 = 0.0
+    cidx = np.flatnonzero(calib)
+    blocks = min(8, len(cidx) // 3)
+    if blocks >= 3:
+        fit_t = np.exp(a + b * x) * level * dns
+        parts = np.array_split(cidx, blocks)
+        logs = [math.log(float(np.sum(dts[p_]) / np.sum(fit_t[p_]))) for p_ in parts]
+        block_items = float(np.sum(dns[cidx])) / blocks
+        wander2 = statistics.pvariance(logs) * min(1.0, block_items / max(remaining_items, 1.0)) * blocks / (blocks - 1)
+    sigma = math.sqrt(sigma_seg ** 2 / k_eff + wander2
                       + sigma_seg ** 2 * per_seg_items / max(remaining_items, 1.0)
                       + (resolution / max(float(np.sum(dts)), 1e-9)) ** 2
                       + (0.5 / k) ** 2)  # few segments: little evidence at all
