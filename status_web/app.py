@@ -54,7 +54,7 @@ def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
     app = Flask(__name__)
     app.config["JSON_SORT_KEYS"] = False
     state = WebState(lab, snap, token or None, read_token,
-                     metrics_mod.registry_for(lambda: snap.current.status if snap.current else None))
+                     metrics_mod.registry_for(lambda: snap.current.status if snap.current else None, clock))
     app.extensions["eaglelab"] = state
     _routes(app, state, clock)
     if start:

@@ -69,9 +69,9 @@ class StatusCollector:
         yield from (progress, eta, state, success, up, pipeline)
 
 
-def registry_for(get_status: Callable[[], dict | None]) -> CollectorRegistry:
+def registry_for(get_status: Callable[[], dict | None], clock: Callable[[], float] = time.time) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(StatusCollector(get_status))
+    reg.register(StatusCollector(get_status, clock))
     return reg
 
 
