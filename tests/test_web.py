@@ -379,15 +379,16 @@ def test_api_status_json_round_trips_through_the_snapshot():
 
 
 def test_parser_history_feeds_the_rate_plot():
-    """A vLLM-style shard load drifting 16 -> 29 s/shard, through the real parser (progress.history)."""
-    from eaglelab.tail.whole import parse_bytes
+    """A vLLM-style shard load drifting 16 -> 29 s/shard, through the real parser (progress.history),
+    fed frame by frame as the live tailer reads it."""
+    from eaglelab.tail.whole import parse_chunks
     frames, t = [], 0.0
     for i in range(1, 65):
         t += 16 + 13 * (i - 1) / 63
         e = int(t)
         frames.append(f"Loading safetensors checkpoint shards: {100 * i // 64:3d}% Completed | {i}/64 "
                       f"[{e // 60:02d}:{e % 60:02d}<00:00, {16 + 13 * (i - 1) / 63:.2f}s/it]")
-    state = parse_bytes(("\r".join(frames) + "\n").encode())
+    state = parse_chunks([(f + "\r").encode() for f in frames] + [b"\n"])
     pts = model.seconds_per_item(model.bar_history(state))
     assert len(pts) >= 60
     assert 15 <= pts[0][1] <= 17.5 and 27.5 <= pts[-1][1] <= 30
