@@ -227,8 +227,9 @@ def timeline(status: dict, now: float) -> dict:
     t0 = min(starts + [now])
     t1 = max(stops + [now] + ([fin.get("high") or fin["at"]] if fin else []))
     pad = max((t1 - t0) * 0.03, 30.0)
+    unknown = [r["stage"] for r in rows if not r["segments"] and r.get("state") == "pending"]
     return {"rows": rows, "start": t0 - pad, "end": t1 + pad, "now": now,
-            "finish": fin, "finish_view": eta_view(fin, now, "eta")}
+            "finish": fin, "finish_view": eta_view(fin, now, "eta"), "unestimated": unknown}
 
 
 def _timeline_row(stage: dict, run: dict | None, runs: list[dict], ends: dict, now: float) -> dict:
