@@ -31,7 +31,6 @@ class WebState:
     snapshot: Snapshot
     token: str | None
     read_token: bool
-    metrics_registry: object
 
 
 def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
@@ -53,8 +52,7 @@ def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
 
     app = Flask(__name__)
     app.config["JSON_SORT_KEYS"] = False
-    state = WebState(lab, snap, token or None, read_token,
-                     metrics_mod.registry_for(lambda: snap.current.status if snap.current else None, clock))
+    state = WebState(lab, snap, token or None, read_token)
     app.extensions["eaglelab"] = state
     _routes(app, state, clock)
     if start:
@@ -121,32 +119,42 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
                               retry_after=2))
         return s
 
-    def page(template: str, key: tuple, build: Callable[[dict, float], dict]) -> Response | str:
-        """Render a page (or only its live part with ?partial=1), cached per snapshot version."""
-        s = current()
-        partial = request.args.get("partial") == "1"
-        ck = (template, key, partial)
-        html = s.cache.get(ck)
-        if html is None:
+    def render(s, template: str, key: tuple, build: Callable[[dict, float], dict], partial: bool):
+        """(raw, gzipped) of a page or only its live part, rendered once per snapshot version."""
+        def make() -> bytes:
             now = clock()
-            ctx = build(s.status, now)
-            html = render_template(template, partial=partial, snap=s, now=now, refresh_error=snap.error,
-                                   actions=bool(st.token and st.lab), **ctx)
-            if len(s.cache) < 256:
-                s.cache[ck] = html
-        return html
+            return render_template(template, partial=partial, snap=s, now=now, refresh_error=snap.error,
+                                   actions=bool(st.token and st.lab), **build(s.status, now)).encode()
+        return s.cached((template, key, partial), make)
+
+    def send(pair: tuple[bytes, bytes], mimetype: str) -> Response:
+        """The gzipped copy to clients that take it (browsers, requests, curl --compressed)."""
+        gz = "gzip" in request.accept_encodings
+        resp = Response(pair[1] if gz else pair[0], mimetype=mimetype)
+        if gz:
+            resp.headers["Content-Encoding"] = "gzip"
+        resp.headers["Vary"] = "Accept-Encoding"
+        return resp
+
+    def page(template: str, key: tuple, build: Callable[[dict, float], dict]) -> Response:
+        return send(render(current(), template, key, build, request.args.get("partial") == "1"), "text/html")
+
+    def metrics_of(s):
+        return s.cached("metrics", lambda: metrics_mod.render_status(s.status, clock()))
+
+    def warm(s) -> None:
+        """Pre-render what every open browser and scraper polls, before the snapshot is published."""
+        with app.test_request_context("/"):
+            for partial in (True, False):
+                render(s, "overview.html", (), overview_ctx, partial)
+        metrics_of(s)
+
+    snap.warmers.append(warm)
 
     # -- pages -------------------------------------------------------------------------------
     @app.get("/")
     def overview():
-        def build(status, now):
-            ov = model.overview(status, now)
-            tl = model.timeline(status, now)
-            plots = [{**p, "svg": svg.line_chart(p["points"], title=p["title"], x_label=p["x_label"],
-                                                 y_label=p["y_label"], css_class="chart rate")}
-                     for p in model.rate_plots(status)]
-            return {"ov": ov, "tl": tl, "gantt": svg.gantt(tl), "plots": plots, "profile": status.get("profile")}
-        return page("overview.html", (), build)
+        return page("overview.html", (), overview_ctx)
 
     @app.get("/hosts")
     def hosts():
@@ -201,7 +209,9 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
         s = current()
         if request.if_none_match and s.etag.strip('"') in request.if_none_match:
             return Response(status=304, headers={"ETag": s.etag})
-        return Response(s.body, mimetype="application/json", headers={"ETag": s.etag, "Cache-Control": "no-cache"})
+        resp = send((s.body, s.body_gz), "application/json")
+        resp.headers.update({"ETag": s.etag, "Cache-Control": "no-cache"})
+        return resp
 
     @app.get("/api/runs/<run_id>")
     def api_run(run_id: str):
@@ -214,8 +224,7 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
 
     @app.get("/metrics")
     def metrics():
-        current()
-        return Response(metrics_mod.render(st.metrics_registry), mimetype="text/plain; version=0.0.4")
+        return send(metrics_of(current()), "text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/healthz")
     def healthz():
@@ -248,6 +257,15 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
     @app.errorhandler(500)
     def server_error(e):
         return render_template("error.html", code=500, message="The page failed; the API may still answer."), 500
+
+
+def overview_ctx(status: dict, now: float) -> dict:
+    ov = model.overview(status, now)
+    tl = model.timeline(status, now)
+    plots = [{**p, "svg": svg.line_chart(p["points"], title=p["title"], x_label=p["x_label"],
+                                         y_label=p["y_label"], css_class="chart rate")}
+             for p in model.rate_plots(status)]
+    return {"ov": ov, "tl": tl, "gantt": svg.gantt(tl), "plots": plots, "profile": status.get("profile")}
 
 
 def _find_run(status: dict, run_id: str) -> dict | None:

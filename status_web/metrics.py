@@ -38,6 +38,11 @@ class StatusCollector:
         pipeline = GaugeMetricFamily("eaglelab_pipeline_eta_seconds", "Seconds until the whole pipeline finishes")
         runs = [r for r in status.get("runs") or [] if isinstance(r, dict)]
         by_id = {r.get("id"): r for r in runs}
+        last_ok: dict[str, float] = {}  # stage -> end of its last completed run (one pass, not per stage)
+        for r in runs:
+            end = ts(r.get("ended_at")) if r.get("state") == "completed" else None
+            if end is not None and end > last_ok.get(str(r.get("stage")), float("-inf")):
+                last_ok[str(r.get("stage"))] = end
         for s in status.get("stages") or []:
             if not isinstance(s, dict):
                 continue
@@ -56,10 +61,8 @@ class StatusCollector:
                 fin, _ = run_finish(run, s, now)
                 if fin:
                     eta.add_metric([host, name], max(0.0, fin["at"] - now))
-            ok = [ts(r.get("ended_at")) for r in runs if r.get("stage") == name and r.get("state") == "completed"]
-            ok = [t for t in ok if t is not None]
-            if ok:
-                success.add_metric([host, name], max(ok))
+            if name in last_ok:
+                success.add_metric([host, name], last_ok[name])
         for h in status.get("hosts") or []:
             if isinstance(h, dict):
                 up.add_metric([str(h.get("name"))], 1.0 if h.get("reachable") else 0.0)
@@ -69,11 +72,8 @@ class StatusCollector:
         yield from (progress, eta, state, success, up, pipeline)
 
 
-def registry_for(get_status: Callable[[], dict | None], clock: Callable[[], float] = time.time) -> CollectorRegistry:
+def render_status(status: dict, now: float) -> bytes:
+    """The exposition text for one status object (cached per snapshot by the app)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(StatusCollector(get_status, clock))
-    return reg
-
-
-def render(reg: CollectorRegistry) -> bytes:
+    reg.register(StatusCollector(lambda: status, lambda: now))
     return generate_latest(reg)

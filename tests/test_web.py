@@ -392,3 +392,14 @@ def test_parser_history_feeds_the_rate_plot():
     pts = model.seconds_per_item(model.bar_history(state))
     assert len(pts) >= 60
     assert 15 <= pts[0][1] <= 17.5 and 27.5 <= pts[-1][1] <= 30
+
+
+def test_gzip_copies_are_the_same_documents(client):
+    import gzip as gz
+    plain = client.get("/api/status")
+    packed = client.get("/api/status", headers={"Accept-Encoding": "gzip, deflate"})
+    assert packed.headers["Content-Encoding"] == "gzip" and "Content-Encoding" not in plain.headers
+    assert json.loads(gz.decompress(packed.get_data())) == plain.get_json()
+    page = client.get("/", headers={"Accept-Encoding": "gzip"})
+    assert gz.decompress(page.get_data()).decode() == text(client.get("/"))
+    assert b"eaglelab_stage_state" in gz.decompress(client.get("/metrics", headers={"Accept-Encoding": "gzip"}).data)
