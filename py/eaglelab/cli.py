@@ -145,7 +145,8 @@ for _cmd in all_commands():
 
 def main() -> None:
     try:
-        cli.main(standalone_mode=False)
+        rc = cli.main(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
     except EaglelabError as e:
         e.show()
         sys.exit(e.exit_code)
