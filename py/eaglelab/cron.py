@@ -183,8 +183,15 @@ class FiringLock:
         atomic_write_json(self.holder_file, {**holder, "pid": os.getpid(), "since": utcnow_iso()})
         return True
 
-    def holder(self) -> dict:
-        return read_json(self.holder_file) or {}
+    def holder(self, wait_s: float = 2.0) -> dict:
+        """Who holds the lock. The holder writes its note just after it got the lock: a firing
+        turned away in that instant waits a moment for it."""
+        deadline = time.time() + wait_s
+        while True:
+            note = read_json(self.holder_file)
+            if note or time.time() > deadline:
+                return note or {}
+            time.sleep(0.05)
 
     def release(self) -> None:
         try:

@@ -117,6 +117,7 @@ def fire(ctx: click.Context, target: str) -> None:
     _redirect_output(log_path)
     click.echo(f"{utcnow_iso(t0)} eaglelab cron firing {firing_id}: target {target}, pid {os.getpid()}, "
                f"conf {lab.cfg.conf_dir}, profile {lab.cfg.profile}")
+    click.echo(f"environment: {' '.join(sorted(os.environ))}")  # what cron gave us (names only)
     lock = cronlib.FiringLock(lab.cfg.logs_dir / "locks")
     if not lock.try_acquire({"firing_id": firing_id, "target": target, "log": str(log_path)}):
         h = lock.holder()
@@ -147,12 +148,13 @@ def fire(ctx: click.Context, target: str) -> None:
                    "stages": stages, "log": str(log_path), "pid": os.getpid()}
         for s in stages:
             click.echo(f"  {s['stage']}: {s['outcome']}" + (f" ({s['run_id']})" if s["run_id"] else ""))
-        click.echo(f"{utcnow_iso()} firing {firing_id} {result} in {time.time() - t0:.1f} s (exit {rc})")
         cronlib.write_summary(cron_dir, summary)
         from ..notify import pipeline_finished
         pipeline_finished(lab.notifier, firing_id=firing_id, target=target, ok=ok, detail=detail,
                           failed_stage=bad["stage"] if bad else None, stages=stages,
                           duration_s=time.time() - t0, log=str(log_path))
+        # The last line: whoever waits on the log knows the summary is written.
+        click.echo(f"{utcnow_iso()} firing {firing_id} {result} in {time.time() - t0:.1f} s (exit {rc})")
         lock.release()
     raise click.exceptions.Exit(rc)
 
