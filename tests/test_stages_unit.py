@@ -365,18 +365,3 @@ def test_claim_sets_aside_outputs_of_other_params_and_never_mixes(tmp_path):
     fp = manifest.read(out)["fingerprint"]
     assert manifest.claim(out, "extract", {"aux_layers": [9]}) == tmp_path / f"hidden_states.stale-{fp}"
 
-
-def test_summary_reads_the_manifests(tmp_path):
-    from eaglelab.stages import summary
-
-    (tmp_path / "vocab").mkdir()
-    (tmp_path / "vocab" / "coverage.json").write_text('{"coverage": 0.983}')
-    manifest.write(tmp_path / "vocab", "vocab", [tmp_path / "vocab" / "coverage.json"],
-                   counts={"draft_vocab_size": 32000, "target_vocab_size": 163840})
-    (tmp_path / "eval").mkdir()
-    (tmp_path / "eval" / "report.json").write_text(json.dumps(
-        {"acceptance_rate": 0.15, "mean_acceptance_length": 1.4, "speedup": 0.8, "verdict": "SLOWER"}))
-    s = summary.collect(tmp_path)
-    text = "\n".join(summary.lines(s))
-    assert "32000 of 163840 tokens, coverage 98.3%" in text and "speedup 0.80x: SLOWER" in text
-    assert "train" not in s
