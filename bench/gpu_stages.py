@@ -90,7 +90,7 @@ def main() -> None:
                   "--seq-length", "8192", log=out / "prepare.log")
     print(f"prepare: {a.samples} samples, {tokens} tokens in {dt:.1f}s")
 
-    aux = " ".join(str(i) for i in (2, a.layers // 2, a.layers - 3))
+    aux = " ".join(str(i) for i in sorted({min(2, a.layers - 1), a.layers // 2, max(a.layers - 3, 1)}))
     rates = {}
     for bs in (1, 8):
         hs = out / f"hidden_states_b{bs}"
