@@ -68,6 +68,20 @@ demo: setup  ## the whole pipeline on the tiny demo model, on this machine, with
 test: setup  ## run every test (installs what they need first)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
+.PHONY: sync
+sync: $(VENV)/.installed  ## copy the project to HOST over ssh and make its venv from the lock (HOST=name)
+	@test -n "$(HOST)" || { echo "make sync: say which host, e.g. make sync HOST=gpu1 (hosts: conf/lab.yaml)" >&2; exit 2; }
+	$(LAB) sync $(HOST)
+
+.PHONY: preflight
+preflight: $(VENV)/.installed  ## check STAGE's host before launching: reachable, env == lock, disk, GPUs, inputs (STAGE=name)
+	@test -n "$(STAGE)" || { echo "make preflight: say which stage, e.g. make preflight STAGE=extract" >&2; exit 2; }
+	$(LAB) preflight $(STAGE)
+
+.PHONY: test-ssh
+test-ssh: setup  ## the ssh lab tests: real hosts as network namespaces with their own sshd (root)
+	$(VENV)/bin/python -m pytest tests/test_ssh_*.py $(PYTEST_ARGS)
+
 .PHONY: bench
 bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done

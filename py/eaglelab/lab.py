@@ -21,6 +21,7 @@ from filelock import FileLock
 
 from . import __version__
 from . import config as config_mod
+from . import preflight
 from .config import REPO_ROOT, Config, StageConfig
 from .errors import EaglelabError, StageError
 from .executors import Executor, HostUnreachable, for_host
@@ -164,6 +165,7 @@ class Lab:
                 self._free_gpus_for(stage, out=out)
                 spec = self.launch_spec(stage)
                 spec["fingerprint"] = self.fingerprint(stage, spec)
+                preflight.before_launch(self, stage, spec)  # a failed check raises StageError naming it
                 print(f"lab: starting {name} on {stage.host} ({reason})", file=out)
                 meta = self.executor(stage.host).launch(spec)
                 rec = self._record_launch(meta, spec)

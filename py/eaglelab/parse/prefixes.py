@@ -1,0 +1,53 @@
+"""Process prefixes that launchers put in front of every line, stripped and kept as context.
+
+vLLM's multiprocess workers print `(Worker_TP0 pid=12) `, `(VllmWorker rank=0 pid=34) `,
+`(EngineCore_DP0 pid=5) `, `(APIServer pid=1) `; Ray adds `(RayWorkerWrapper pid=7, ip=10.0.0.2) `;
+torchrun's `--tee`/log redirects write `[rank3]: ` or `[default0]:`; `srun --label` writes `0: `;
+mpirun `--tag-output` writes `[1,0]<stdout>:`; `docker logs -t` puts an RFC 3339 timestamp first.
+They can be stacked (`[rank0]: (Worker pid=1) ...`). Recognizers see the bare message; the
+prefix tells which process said it (to keep interleaved progress bars apart).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_DOCKER_TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)\s"
+# `(Name k=v, k=v)`: a name, then at least one key=value; or `(pid=123)` as older Ray prints.
+_PAREN = r"\((?:[A-Za-z_][\w.:-]*\s+)?[A-Za-z_]\w*=[^()\s,]*(?:,?\s*[A-Za-z_]\w*=[^()\s,]*)*\)\s?"
+_RANK = r"\[(?:rank|default|local_rank)\d+\]:\s?"
+_MPI = r"\[\d+,\d+\]<std(?:out|err)>:\s?"
+_SRUN = r"\d{1,4}: "
+_ONE_RE = re.compile(f"(?:(?P<ts>{_DOCKER_TS})|(?P<proc>{_PAREN}|{_RANK}|{_MPI}|{_SRUN}))")
+_FIRST = frozenset("([0123456789")
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    prefix: str          # process prefixes joined by one space, '' if none
+    message: str         # the line without them
+    timestamp: str | None  # a docker RFC 3339 timestamp, if the line carried one
+
+
+def split_prefix(line: str) -> Split:
+    """Strip every leading process prefix (and docker timestamp) from line."""
+    if not line or line[0] not in _FIRST:
+        return Split("", line, None)
+    procs: list[str] = []
+    ts = None
+    pos = 0
+    for _ in range(6):  # bounded: prefixes stack a few deep at most
+        m = _ONE_RE.match(line, pos)
+        if m is None:
+            break
+        if m.group("ts"):
+            ts = ts or m.group("ts").strip()
+        else:
+            procs.append(m.group("proc").strip())
+        pos = m.end()
+        if pos >= len(line) or line[pos] not in _FIRST:
+            break
+    if pos == 0:
+        return Split("", line, None)
+    return Split(" ".join(procs), line[pos:], ts)

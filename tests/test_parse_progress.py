@@ -1,0 +1,121 @@
+"""parse_progress on real tqdm output (rendered by tqdm itself) and on lines from real logs."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from tqdm import tqdm
+
+from eaglelab.parse.progress import parse_progress, parse_time
+
+
+def frames_of(**kw) -> list[str]:
+    """Every frame a real tqdm bar writes to a file, split on \\r and \\n as the tailer does."""
+    buf = io.StringIO()
+    total = kw.pop("total", 7)
+    steps = kw.pop("steps", total or 5)
+    postfix = kw.pop("postfix", None)
+    inc = kw.pop("inc", 1)
+    with tqdm(total=total, file=buf, mininterval=0, miniters=1, **kw) as bar:
+        for _ in range(steps):
+            if postfix:
+                bar.set_postfix(postfix)
+            bar.update(inc)
+    return [f for f in buf.getvalue().replace("\n", "\r").split("\r") if f.strip()]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(desc="Generating responses", postfix={"ok": 3, "err": 0}),
+    dict(desc="Loading", ascii=True),
+    dict(total=None, steps=4, desc="no total"),
+    dict(desc="bytes", unit="B", unit_scale=True, total=5_000_000, steps=5, inc=1_000_000),
+    dict(),
+    dict(desc="Loading safetensors checkpoint shards",
+         bar_format="{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]"),
+])
+def test_every_real_tqdm_frame_parses_with_its_count(kw):
+    desc = kw.get("desc", "")
+    frames = frames_of(**kw)
+    assert len(frames) >= 3
+    ns = []
+    for frame in frames:
+        p = parse_progress(frame)
+        assert p is not None, frame
+        assert p.label == desc
+        ns.append(p.n)
+    assert ns == sorted(ns) and ns[0] == 0  # counts as tqdm printed them, in order
+    last = parse_progress(frames[-1])
+    if kw.get("total", 7) is not None:
+        assert last.total is not None and last.n == last.total and last.percent == 100.0
+
+
+def test_postfix_dict_from_real_tqdm():
+    p = parse_progress(frames_of(desc="x", postfix={"ok": 3, "rps": "1.5"})[-1])
+    assert p.postfix == {"ok": "3", "rps": "1.5"}
+
+
+def test_vllm_weights_loading_line():
+    p = parse_progress("Loading safetensors checkpoint shards:  86% Completed | 55/64 [20:02<04:10, 27.81s/it]")
+    assert (p.label, p.n, p.total, p.percent) == ("Loading safetensors checkpoint shards", 55, 64, 86.0)
+    assert (p.elapsed_s, p.remaining_s, p.rate, p.rate_unit, p.rate_s_per_it) == (1202.0, 250.0, 27.81, "s/it", 27.81)
+
+
+def test_prefix_and_pasted_colour_remnants():
+    line = ("[1;36m(EngineCore_DP0 pid=3120)[0;0m Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
+            "100%|██████████| 67/67 [00:03<00:00, 20.12it/s]")
+    p = parse_progress(line)
+    assert p.prefix == "(EngineCore_DP0 pid=3120)"
+    assert p.label == "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"
+    assert p.n == p.total == 67
+    assert p.rate_s_per_it == pytest.approx(1 / 20.12)
+
+
+def test_real_escape_bytes_and_stacked_prefixes():
+    line = "2026-01-02T03:04:05.123456789Z [rank3]: (Worker_TP1 pid=77) \x1b[32mTrain\x1b[0m:  10%|█  | 1/10 [00:01<?, ?it/s]"
+    p = parse_progress(line)
+    assert p.prefix == "[rank3]: (Worker_TP1 pid=77)"
+    assert (p.label, p.n, p.total, p.remaining_s, p.rate, p.rate_s_per_it) == ("Train", 1, 10, None, None, None)
+
+
+def test_hf_notebook_style_without_bar():
+    p = parse_progress("57% 4/7 [00:02<00:01, 1.50it/s]")
+    assert (p.label, p.n, p.total, p.percent, p.rate_unit) == ("", 4, 7, 57.0, "it/s")
+
+
+def test_long_times_and_colon_postfix():
+    p = parse_progress("Epoch 0: 50%|#####     | 5/10 [1 day, 2:03:04<1:00:00, 1.50s/it, loss: 0.25, lr=1e-05]")
+    assert p.elapsed_s == 86400 + 2 * 3600 + 3 * 60 + 4
+    assert p.remaining_s == 3600.0
+    assert p.postfix == {"loss": "0.25", "lr": "1e-05"}
+
+
+def test_vllm_processed_prompts_postfix_with_colons():
+    p = parse_progress("Processed prompts: 100%|██████████| 10/10 [00:01<00:00,  6.50it/s, "
+                       "est. speed input: 123.45 toks/s, output: 456.78 toks/s]")
+    assert p.postfix == {"est. speed input": "123.45 toks/s", "output": "456.78 toks/s"}
+    assert p.rate == 6.5
+
+
+def test_unit_scaled_bytes():
+    p = parse_progress("model.safetensors:  45%|####5     | 2.25G/4.98G [00:30<00:36, 75.3MB/s]")
+    assert (p.n, p.total, p.unit, p.rate_unit) == (2_250_000_000, 4_980_000_000, "B", "B/s")
+
+
+@pytest.mark.parametrize("line", [
+    "INFO 05-01 10:00:00 [loader.py:12] Loading weights took 12.3 seconds",
+    "train/loss=1.234, train/full_acc_0=0.5, epoch=0, global_step=10",
+    "[rank0]: Traceback (most recent call last):",
+    "values [1, 2, 3]",
+    "",
+    "[12:01:02] INFO     Training epoch 1/3 started            train.py:120",
+])
+def test_non_bars_are_none(line):
+    assert parse_progress(line) is None
+
+
+def test_parse_time_forms():
+    assert parse_time("04:10") == 250.0
+    assert parse_time("1:00:01") == 3601.0
+    assert parse_time("2 days, 0:00:01") == 2 * 86400 + 1.0
+    assert parse_time("?") is None and parse_time(None) is None
