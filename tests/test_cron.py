@@ -374,14 +374,33 @@ def test_two_firings_at_once_exactly_one_runs(night: NightLab):
     assert len(list(night.cron_dir.glob("2*.json"))) == 1
 
 
-def test_killed_firing_leaves_no_lock_and_the_next_attaches(night: NightLab):
+def slow_a(night: NightLab) -> None:
     night.write_pipeline(PIPELINE.format(data=night.data).replace(
         '"--steps", "2", "--delay", "0.05", "--output", "${d}/a.json"',
         '"--steps", "40", "--delay", "0.1", "--output", "${d}/a.json"'))
+
+
+def start_firing(night: NightLab) -> subprocess.Popen:
     first = subprocess.Popen([str(LAB), "cron", "fire"], env=night.env(), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     holder_file = night.logs / "locks" / "cron-firing.json"
     night.wait_for(lambda: holder_file.exists() and night.run_dirs())
+    return first
+
+
+def test_terminated_firing_records_how_far_it_got(night: NightLab):
+    slow_a(night)
+    first = start_firing(night)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=30) == 143
+    summary = night.summary((night.cron_dir / "latest.log").read_text())
+    assert not summary["ok"] and summary["exit_code"] == 143 and "interrupted" in summary["result"]
+    assert not (night.logs / "locks" / "cron-firing.json").exists()
+
+
+def test_killed_firing_leaves_no_lock_and_the_next_attaches(night: NightLab):
+    slow_a(night)
+    first = start_firing(night)
     first.send_signal(signal.SIGKILL)  # killed mid-firing: its flock goes with it
     first.wait(timeout=10)
     second = night.lab("cron", "fire", timeout=120)

@@ -33,6 +33,7 @@ ACTIVE = ("pending", "running")
 MAX_ATTEMPTS = 6
 BACKOFF_S = 2.0  # 2, 4, 8, 16, 32 s between attempts: the last one about a minute after the first
 TIMEOUT_S = 10.0  # per attempt (connect + answer)
+EXPIRE_S = 24 * 3600.0  # undelivered after this long: given up
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS notifications (
@@ -381,6 +382,12 @@ def _pending(db_path: Path) -> bool:
 
 def drain(db_path: Path, locks_dir: Path) -> int:
     ensure_schema(db_path)
+    db = _db(db_path)
+    try:  # a message a day late is noise: what was left (drainer killed, machine off) expires
+        db.execute("UPDATE notify_deliveries SET state='failed', last_error='expired: not delivered within "
+                   "24 h' WHERE state='pending' AND created_at < ?", (time.time() - EXPIRE_S,))
+    finally:
+        db.close()
     while True:
         lock = _try_lock(locks_dir)
         if lock is None:

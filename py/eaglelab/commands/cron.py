@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -27,8 +28,10 @@ def _lab(ctx: click.Context):
 
 
 def _check_target(lab, target: str) -> str:
-    if target != "pipeline":
-        lab.cfg.stage(target)  # a ConfigError naming the stages when it is neither
+    if target != "pipeline" and lab.cfg.stage(target).kind != "job":  # stage(): an error naming the stages
+        raise cronlib.CronError(f"--target {target}: a service runs until stopped; give `pipeline` or a job "
+                                f"(jobs start the services they need): "
+                                f"{', '.join(n for n, s in lab.cfg.stages.items() if s.kind == 'job')}")
     return target
 
 
@@ -125,7 +128,9 @@ def fire(ctx: click.Context, target: str) -> None:
                    f"since {h.get('since', '?')}, log {h.get('log', '?')}); this firing exits without touching it")
         raise click.exceptions.Exit(cronlib.BUSY_EXIT)
     cronlib.point_latest(cron_dir, log_path)
-    rc, steps, error = 1, [], None
+    rc, steps, before, error = 1, [], {}, None
+    # A firing stopped by SIGTERM (shutdown, a person) still records how far it got.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         steps = make_plan(lab, None if target == "pipeline" else [target])
         click.echo("plan:")
@@ -133,9 +138,12 @@ def fire(ctx: click.Context, target: str) -> None:
             click.echo(f"  {line}")
         before = {s.stage: s.latest_run for s in steps}
         rc, error = _run_target(ctx, target)
+    except (SystemExit, KeyboardInterrupt) as e:
+        rc = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
+        error = f"the firing was interrupted (exit {rc}); its stages run on and the next firing attaches"
     finally:
         after = {s.stage: lab.latest(s.stage) for s in steps}
-        stages = cronlib.summarize(steps, before if steps else {}, after)
+        stages = cronlib.summarize(steps, before, after)
         ran = [s for s in stages if s["outcome"] not in ("skipped", "not reached")]
         bad = next((s for s in stages if s["outcome"] in ("failed", "killed", "attached, failed",
                                                           "attached, killed")), None)
