@@ -11,7 +11,6 @@ firing that was killed, so a dead firing never blocks the next one.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import secrets
 import shlex
@@ -246,7 +245,3 @@ def summarize(steps: list, before: dict[str, str | None], after: dict[str, dict 
         out.append({"stage": s.stage, "planned": s.action, "reason": s.reason,
                     "run_id": rec.get("id") if rec else None, "outcome": outcome})
     return out
-
-
-def as_json(obj) -> str:
-    return json.dumps(obj, indent=1, default=str)
