@@ -245,3 +245,19 @@ def summarize(steps: list, before: dict[str, str | None], after: dict[str, dict 
         out.append({"stage": s.stage, "planned": s.action, "reason": s.reason,
                     "run_id": rec.get("id") if rec else None, "outcome": outcome})
     return out
+
+
+def firing_summary(*, firing_id: str, target: str, started: float, now: float, exit_code: int,
+                   error: str | None, stages: list[dict], log: str) -> dict:
+    """Pure: what <firing>.json records and the log's last line says."""
+    ok = exit_code == 0
+    ran = [s for s in stages if s["outcome"] not in ("skipped", "not reached")]
+    bad = next((s for s in stages if s["outcome"].split(", ")[-1] in ("failed", "killed")), None)
+    if ok:
+        detail = f"ran {len(ran)}, skipped {sum(s['outcome'] == 'skipped' for s in stages)}"
+    else:
+        detail = error or (f"{bad['stage']} {bad['outcome']}" if bad else f"exit code {exit_code}")
+    return {"firing_id": firing_id, "target": target, "started_at": utcnow_iso(started), "ended_at": utcnow_iso(now),
+            "duration_s": round(now - started, 3), "exit_code": exit_code, "ok": ok, "detail": detail,
+            "result": ("complete: " if ok else "stopped: ") + detail, "failed_stage": bad["stage"] if bad else None,
+            "stages": stages, "log": log, "pid": os.getpid()}

@@ -144,22 +144,15 @@ def fire(ctx: click.Context, target: str) -> None:
     finally:
         after = {s.stage: lab.latest(s.stage) for s in steps}
         stages = cronlib.summarize(steps, before, after)
-        ran = [s for s in stages if s["outcome"] not in ("skipped", "not reached")]
-        bad = next((s for s in stages if s["outcome"] in ("failed", "killed", "attached, failed",
-                                                          "attached, killed")), None)
-        ok = rc == 0
-        detail = (f"ran {len(ran)}, skipped {sum(s['outcome'] == 'skipped' for s in stages)}" if ok else
-                  error or (f"{bad['stage']} {bad['outcome']}" if bad else f"exit code {rc}"))
-        result = ("complete: " if ok else "stopped: ") + detail
-        summary = {"firing_id": firing_id, "target": target, "started_at": utcnow_iso(t0), "ended_at": utcnow_iso(),
-                   "duration_s": round(time.time() - t0, 3), "exit_code": rc, "ok": ok, "result": result,
-                   "stages": stages, "log": str(log_path), "pid": os.getpid()}
+        summary = cronlib.firing_summary(firing_id=firing_id, target=target, started=t0, now=time.time(),
+                                         exit_code=rc, error=error, stages=stages, log=str(log_path))
+        result, bad = summary["result"], summary["failed_stage"]
         for s in stages:
             click.echo(f"  {s['stage']}: {s['outcome']}" + (f" ({s['run_id']})" if s["run_id"] else ""))
         cronlib.write_summary(cron_dir, summary)
         from ..notify import pipeline_finished
-        pipeline_finished(lab.notifier, firing_id=firing_id, target=target, ok=ok, detail=detail,
-                          failed_stage=bad["stage"] if bad else None, stages=stages,
+        pipeline_finished(lab.notifier, firing_id=firing_id, target=target, ok=summary["ok"],
+                          detail=summary["detail"], failed_stage=bad, stages=stages,
                           duration_s=time.time() - t0, log=str(log_path))
         # The last line: whoever waits on the log knows the summary is written.
         click.echo(f"{utcnow_iso()} firing {firing_id} {result} in {time.time() - t0:.1f} s (exit {rc})")
