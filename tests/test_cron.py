@@ -383,7 +383,7 @@ def start_firing(night: NightLab) -> subprocess.Popen:
     first = subprocess.Popen([str(LAB), "cron", "fire"], env=night.env(), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     holder_file = night.logs / "locks" / "cron-firing.json"
-    night.wait_for(lambda: holder_file.exists() and night.run_dirs())
+    night.wait_for(lambda: holder_file.exists() and night.run_dirs(), timeout=120)
     return first
 
 
@@ -391,9 +391,11 @@ def test_terminated_firing_records_how_far_it_got(night: NightLab):
     slow_a(night)
     first = start_firing(night)
     first.send_signal(signal.SIGTERM)
-    assert first.wait(timeout=30) == 143
-    summary = night.summary((night.cron_dir / "latest.log").read_text())
-    assert not summary["ok"] and summary["exit_code"] == 143 and "interrupted" in summary["result"]
+    rc = first.wait(timeout=60)
+    text = (night.cron_dir / "latest.log").read_text()
+    assert rc == 143, text
+    summary = night.summary(text)
+    assert not summary["ok"] and summary["exit_code"] == 143 and "interrupted" in summary["result"], text
     assert not (night.logs / "locks" / "cron-firing.json").exists()
 
 
