@@ -26,7 +26,7 @@ import pytest
 
 from conftest import LAB, REPO, TmpLab
 
-FAKE_NIGHT = "2030-01-07 02:59:58"  # two seconds before a `0 3 * * *` entry is due
+FAKE_NIGHT = "2030-01-07 02:59:56"  # four seconds before a `0 3 * * *` entry is due
 # The last line of a firing's log: it ran (and wrote its summary), or it found another running.
 END = re.compile(r"^\S+ firing \S+ (complete|stopped): .* \(exit -?\d+\)$|this firing exits without touching it$",
                  re.M)
