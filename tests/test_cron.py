@@ -308,8 +308,14 @@ def test_install_list_remove_and_bad_schedule(night: NightLab):
     assert [t[10:16] for t in entry["next"]] == ["T04:30"] * 3
     assert "next:" in night.ns_lab("cron", "list").stdout
 
+    # A profile chosen at install time travels in the line; a second target is a second entry.
+    night.ns_lab("--profile", "test", "cron", "install", "--target", "c")
+    lines = [ln for ln in night.sb.crontab().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert len(lines) == 2 and "EAGLELAB_PROFILE=test" in lines[1] and "--target c" in lines[1]
+    assert "EAGLELAB_PROFILE" not in lines[0]
+
     out = night.ns_lab("cron", "remove").stdout
-    assert "removed 30 4 * * 1 pipeline" in out
+    assert "removed 30 4 * * 1 pipeline" in out and "removed 0 3 * * * c" in out
     assert night.sb.crontab().strip() == ""
 
 
