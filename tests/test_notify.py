@@ -173,3 +173,14 @@ def test_schedules():
     with pytest.raises(EaglelabError, match="'%'"):
         cronlib.fire_command(target="pipeline", python="/v/bin/python", repo=Path("/r"), conf_dir=Path("/c/50%"),
                              profile=None, logs_dir=Path("/l"))
+
+
+def test_prune_keeps_the_newest_firings(tmp_path: Path):
+    ids = [f"2026112{d}T030001-pipeline-{d}abc" for d in range(1, 6)]
+    for i in ids:
+        (tmp_path / f"{i}.log").write_text("x")
+        (tmp_path / f"{i}.json").write_text("{}")
+    (tmp_path / "cron.out").write_text("index")
+    assert cronlib.prune(tmp_path, keep=2) == ids[:3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["cron.out"] + [f"{i}{e}" for i in ids[3:] for e in (".log", ".json")])

@@ -28,6 +28,7 @@ from .fsutil import atomic_write_json, read_json, utcnow_iso
 TAG = "eaglelab"
 DEFAULT_SCHEDULE = "0 3 * * *"
 BUSY_EXIT = 75  # EX_TEMPFAIL: another firing is running; this one did nothing
+KEEP_FIRINGS = 200  # logs/cron keeps the logs and summaries of this many firings (months of nights)
 
 
 class CronError(EaglelabError):
@@ -261,3 +262,18 @@ def firing_summary(*, firing_id: str, target: str, started: float, now: float, e
             "duration_s": round(now - started, 3), "exit_code": exit_code, "ok": ok, "detail": detail,
             "result": ("complete: " if ok else "stopped: ") + detail, "failed_stage": bad["stage"] if bad else None,
             "stages": stages, "log": log, "pid": os.getpid()}
+
+
+def prune(cron_dir: Path, keep: int = KEEP_FIRINGS) -> list[str]:
+    """Delete the logs and summaries of all but the newest `keep` firings; the firing ids removed.
+    Firing ids start with their UTC time, so their names sort by age."""
+    ids = sorted({p.name.rsplit(".", 1)[0] for p in cron_dir.glob("2*.log")} |
+                 {p.name.rsplit(".", 1)[0] for p in cron_dir.glob("2*.json")})
+    old = ids[:-keep] if keep > 0 else ids
+    for firing_id in old:
+        for ext in (".log", ".json"):
+            try:
+                (cron_dir / f"{firing_id}{ext}").unlink()
+            except FileNotFoundError:
+                pass
+    return old

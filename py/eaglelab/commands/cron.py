@@ -156,6 +156,7 @@ def fire(ctx: click.Context, target: str) -> None:
                           duration_s=time.time() - t0, log=str(log_path))
         # The last line: whoever waits on the log knows the summary is written.
         click.echo(f"{utcnow_iso()} firing {firing_id} {result} in {time.time() - t0:.1f} s (exit {rc})")
+        cronlib.prune(cron_dir)
         lock.release()
     raise click.exceptions.Exit(rc)
 
