@@ -166,7 +166,8 @@ def _run_target(ctx: click.Context, target: str) -> tuple[int, str | None]:
     root = ctx.find_root()
     try:
         if target == "pipeline":
-            root.invoke(root.command.get_command(root, "pipeline"), force=False, keep_services=False, quiet=True)
+            root.invoke(root.command.get_command(root, "pipeline"), force=False, keep_services=False, quiet=True,
+                        notify=False)  # the firing sends its own pipeline_finished
         else:
             root.invoke(root.command.get_command(root, "run"), stages=(target,), wait=True, force=False,
                         deps=True, quiet=True)
