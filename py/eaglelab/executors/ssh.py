@@ -184,7 +184,14 @@ class SshExecutor(Executor):
         return self.call("launch", {"work_dir": self.work_dir, "spec": spec})
 
     def report(self, stage: str | None = None) -> dict:
-        return self.call("report", {"work_dir": self.work_dir, "stage": stage})
+        try:
+            return self.call("report", {"work_dir": self.work_dir, "stage": stage})
+        except HostUnreachable:
+            raise
+        except HostError as e:
+            # A host that answers but cannot run our package (not synced yet, venv gone) is not
+            # usable: status shows it unreachable with the reason, and the other hosts still report.
+            raise HostUnreachable(str(e)) from None
 
     def stop(self, run_id: str, grace_s: float = 30.0) -> dict:
         return self.call("stop", {"work_dir": self.work_dir, "run_id": run_id, "grace_s": grace_s},
