@@ -183,3 +183,11 @@ def test_a_host_that_cannot_run_the_package_does_not_break_status(sshlab):
     hosts = {h["name"]: h for h in sshlab.status()["hosts"]}
     assert hosts["h1"]["reachable"] is True
     assert hosts["h2"]["reachable"] is False and "lab sync h2" in hosts["h2"]["error"]
+
+
+def test_logs_shows_the_end_of_a_big_remote_log(sshlab):
+    script = "import sys\nfor i in range(20000): print(f'line {i:06d} ' + 'x' * 20)\nprint('THE END')"
+    sshlab.write({"chatty": {"host": "h2", "command": ["${python}", "-c", script]}}, hosts=["h2"])
+    sshlab.lab("run", "chatty", "--quiet")
+    out = sshlab.lab("logs", "chatty", "-n", "2").stdout.splitlines()
+    assert out[-1] == "THE END" and out[-2].startswith("line 019999")
