@@ -186,8 +186,8 @@ def test_a_host_that_cannot_run_the_package_does_not_break_status(sshlab):
 
 
 def test_logs_shows_the_end_of_a_big_remote_log(sshlab):
-    script = "import sys\nfor i in range(20000): print(f'line {i:06d} ' + 'x' * 20)\nprint('THE END')"
+    script = "import sys\nfor i in range(50000): print(f'line {i:06d} ' + 'x' * 30)\nprint('THE END')"
     sshlab.write({"chatty": {"host": "h2", "command": ["${python}", "-c", script]}}, hosts=["h2"])
     sshlab.lab("run", "chatty", "--quiet")
     out = sshlab.lab("logs", "chatty", "-n", "2").stdout.splitlines()
-    assert out[-1] == "THE END" and out[-2].startswith("line 019999")
+    assert out[-1] == "THE END" and out[-2].startswith("line 049999")
