@@ -37,6 +37,21 @@ synth prepare extract vocab train eval: $(VENV)/.installed  ## run that pipeline
 pipeline: $(VENV)/.installed  ## run every stage that needs it, in dependency order
 	$(LAB) pipeline
 
+.PHONY: plan
+plan: $(VENV)/.installed  ## what `make pipeline` (or a cron firing) would do per stage, and why; does nothing
+	$(LAB) plan
+
+SCHEDULE ?= 0 3 * * *
+.PHONY: cron-install cron-list cron-remove
+cron-install: $(VENV)/.installed  ## put the pipeline on your crontab (SCHEDULE="0 3 * * *", PROFILE=name)
+	$(LAB) cron install --schedule "$(SCHEDULE)"
+
+cron-list: $(VENV)/.installed  ## eaglelab crontab entries, their next firings, the last firings
+	$(LAB) cron list
+
+cron-remove: $(VENV)/.installed  ## take the pipeline off your crontab
+	$(LAB) cron remove
+
 .PHONY: tick
 tick: $(VENV)/.installed  ## run the small `tick` stage (tries the machinery in seconds)
 	$(LAB) run tick

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .errors import RegistryError
 from .fsutil import utcnow_iso
@@ -48,6 +49,9 @@ CREATE TABLE IF NOT EXISTS phases (
 class Registry:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        # Callbacks given [(run as the registry knew it or None, run as now reported)] after each
+        # write; notify.py uses this to see runs change state.
+        self.observers: list[Callable[[list[tuple[dict | None, dict]]], None]] = []
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self._connect() as db:
@@ -103,8 +107,22 @@ class Registry:
         marks = ", ".join(f":{c}" for c in COLUMNS)
         updates = ", ".join(f"{c}=excluded.{c}" for c in COLUMNS if c != "id")
         with self._tx() as db:
+            # What the registry knew before, read under the write lock: of several processes
+            # syncing the same change, exactly one sees the transition (observers: notify.py).
+            before = {}
+            for row in rows if self.observers else []:
+                known = db.execute("SELECT * FROM runs WHERE id = ?", (row["id"],)).fetchone()
+                before[row["id"]] = _row(known) if known else None
             db.executemany(f"INSERT INTO runs ({cols}) VALUES ({marks}) ON CONFLICT(id) DO UPDATE SET {updates}",
                            rows)
+        if self.observers:
+            changes = [(before.get(row["id"]), {**r, "id": row["id"], "state": row["state"]})
+                       for r, row in zip(runs, rows)]
+            for observe in self.observers:
+                try:
+                    observe(changes)
+                except Exception as e:  # an observer never breaks the registry
+                    print(f"lab: registry observer failed: {type(e).__name__}: {e}", file=sys.stderr)
 
     def get(self, run_id: str) -> dict | None:
         with self._connect() as db:
