@@ -52,6 +52,9 @@ def test_estimate_for_the_seeds_828_gb_run_from_the_prepared_manifest():
     ({"hidden_size": "16", "aux_layers": "[2, 5]", "total_tokens": "100"}, {}, 100 * 3 * 16 * 2),
     ({"hidden_size": "16", "num_samples": "10", "seq_length": "50"}, {}, 500 * 4 * 16 * 2),  # default 3 aux
     ({"hidden_size": "16", "total_tokens": "1"}, {"in": {"counts": {"total_tokens": 7}}}, 7 * 4 * 16 * 2),
+    ({"hidden_size": "16", "synth_limit": "10", "seq_length": "50", "aux_layers": "2 16 29"}, {}, 500 * 4 * 16 * 2),
+    ({"aux_layers": "2 30 58"}, {"prepared": {"counts": {"tokens": 9}, "extra": {"hidden_size": 7168}}},
+     9 * 4 * 7168 * 2),  # hidden size from the prepare stage's manifest
     ({"total_tokens": "100"}, {}, None),  # no hidden size: no guess
     ({"hidden_size": "16"}, {}, None),  # no token count
 ])

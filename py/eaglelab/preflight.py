@@ -26,7 +26,8 @@ BF16_BYTES = 2
 DEFAULT_AUX_LAYERS = 3  # EAGLE-3: three aux layers [2, L//2, L-3] (+ the last layer)
 TOKEN_KEYS = ("tokens", "total_tokens", "sum_seq_len", "num_tokens")
 # pipeline vars the estimates read (each may refer to other vars)
-ESTIMATE_VARS = ("hidden_size", "aux_layers", "total_tokens", "num_samples", "seq_length", "gpu_mem_mib")
+ESTIMATE_VARS = ("hidden_size", "aux_layers", "total_tokens", "num_samples", "synth_limit", "seq_length",
+                 "gpu_mem_mib")
 
 
 @dataclass
@@ -89,13 +90,17 @@ def estimate_output_bytes(stage: StageConfig, variables: dict, manifests: dict[s
 
     A stage that writes hidden states (an output path naming `hidden_states`) is estimated from
     the prepared data's token count (its input manifest's counts.tokens, else vars total_tokens,
-    else num_samples × seq_length as an upper bound), vars aux_layers and hidden_size.
+    else num_samples (or synth_limit) × seq_length as an upper bound), vars aux_layers (a count or
+    the layer ids) and hidden_size (else the input manifest's extra.hidden_size).
     """
     if not any("hidden_states" in o for o in stage.outputs):
         return None, "no estimate for this stage (it writes no hidden states)"
     hidden = variables.get("hidden_size")
+    if hidden in (None, ""):  # the prepare stage records the target's hidden size in its manifest
+        hidden = next((m["extra"]["hidden_size"] for m in manifests.values()
+                       if (m.get("extra") or {}).get("hidden_size")), None)
     if hidden in (None, ""):
-        return None, "hidden states, but no `hidden_size` in vars: cannot estimate"
+        return None, "hidden states, but no `hidden_size` (vars or the input manifest's extra): cannot estimate"
     aux = _aux_count(variables.get("aux_layers", DEFAULT_AUX_LAYERS))
     tokens, source = None, ""
     for path, m in manifests.items():
@@ -108,9 +113,10 @@ def estimate_output_bytes(stage: StageConfig, variables: dict, manifests: dict[s
             break
     if tokens is None and variables.get("total_tokens") not in (None, ""):
         tokens, source = int(variables["total_tokens"]), "vars total_tokens"
-    if tokens is None and variables.get("num_samples") and variables.get("seq_length"):
-        tokens = int(variables["num_samples"]) * int(variables["seq_length"])
-        source = "vars num_samples × seq_length (upper bound)"
+    samples_key = next((k for k in ("num_samples", "synth_limit") if variables.get(k)), None)
+    if tokens is None and samples_key and variables.get("seq_length"):
+        tokens = int(variables[samples_key]) * int(variables["seq_length"])
+        source = f"vars {samples_key} × seq_length (upper bound: every sample full length)"
     if tokens is None:
         return None, "hidden states, but no token count (input manifest counts.tokens or vars total_tokens)"
     est = hidden_states_bytes(tokens, aux, int(hidden))
