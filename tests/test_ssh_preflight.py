@@ -94,6 +94,14 @@ def test_check_gpus(need, mem, gpus, ok):
     assert preflight.check_gpus(need, mem, gpus, "h").ok is ok
 
 
+def test_check_gpus_by_vllm_utilization():
+    seeds_gpu0 = {"memory_total_mib": 97_871, "memory_used_mib": 93_184}  # 91 of 95 GB held by weights
+    idle = {"memory_total_mib": 97_871, "memory_used_mib": 500}
+    assert preflight.check_gpus(2, None, [idle, idle], "h", utilization=0.85).ok is True
+    c = preflight.check_gpus(2, None, [seeds_gpu0, idle], "h", utilization=0.85)
+    assert c.ok is False and "1 of 2 GPU(s)" in c.detail and "85%" in c.detail
+
+
 # -- against real hosts --------------------------------------------------------------------------
 
 def test_disk_too_small_fails_with_both_numbers_and_blocks_the_launch(sshlab, tmp_path: Path):

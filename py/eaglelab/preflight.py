@@ -27,7 +27,7 @@ DEFAULT_AUX_LAYERS = 3  # EAGLE-3: three aux layers [2, L//2, L-3] (+ the last l
 TOKEN_KEYS = ("tokens", "total_tokens", "sum_seq_len", "num_tokens")
 # pipeline vars the estimates read (each may refer to other vars)
 ESTIMATE_VARS = ("hidden_size", "aux_layers", "total_tokens", "num_samples", "synth_limit", "seq_length",
-                 "gpu_mem_mib")
+                 "gpu_mem_mib", "gpu_memory_utilization")
 
 
 @dataclass
@@ -153,15 +153,24 @@ def check_disk(estimate: int | None, how: str, free: int | None, where: str) -> 
                  "free disk there, or point the stage's outputs at a larger filesystem")
 
 
-def check_gpus(need: int, mem_mib: float | None, gpus: list[dict] | None, host: str) -> Check:
+def check_gpus(need: int, mem_mib: float | None, gpus: list[dict] | None, host: str,
+               utilization: float | None = None) -> Check:
+    """Enough GPUs with mem_mib free each — or, for a vLLM stage, with its gpu_memory_utilization
+    share of the GPU free (vLLM refuses to start below it; the seeds' GPU 0 had 91 of 95 GB held)."""
     if need <= 0:
         return Check("gpus", True, "the stage needs no GPU")
     if gpus is None:
         return Check("gpus", False, f"the stage needs {need} GPU(s); {host} has none (no nvidia-smi)",
                      "run it on a GPU host (stages.NAME.host)")
     free = [(g.get("memory_total_mib") or 0) - (g.get("memory_used_mib") or 0) for g in gpus]
-    fit = [f for f in free if mem_mib is None or f >= mem_mib]
-    want = f" with {mem_mib:,.0f} MiB free" if mem_mib else ""
+    if mem_mib is not None:
+        fit = [f for f in free if f >= mem_mib]
+        want = f" with {mem_mib:,.0f} MiB free"
+    elif utilization is not None:
+        fit = [f for f, g in zip(free, gpus) if f >= utilization * (g.get("memory_total_mib") or 0)]
+        want = f" with {utilization:.0%} of their memory free (gpu_memory_utilization)"
+    else:
+        fit, want = free, ""
     detail = f"{len(fit)} of {len(gpus)} GPU(s) on {host}{want}; the stage needs {need} (free MiB: " \
              f"{', '.join(f'{f:,.0f}' for f in free)})"
     return Check("gpus", len(fit) >= need, detail,
@@ -213,9 +222,9 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
                  spec["outputs"][0] if spec["outputs"] else ex.work_dir)
     free = disk.get(where, min(disk.values()) if disk else None)
     checks.append(check_disk(est, how, free, where))
-    mem = variables.get("gpu_mem_mib")
+    mem, util = variables.get("gpu_mem_mib"), variables.get("gpu_memory_utilization")
     checks.append(check_gpus(stage.gpus, float(mem) if mem not in (None, "") else None, facts.get("gpus"),
-                             stage.host))
+                             stage.host, float(util) if util not in (None, "") else None))
     checks.append(check_inputs(facts.get("inputs") or {}))
     return checks
 
