@@ -94,6 +94,17 @@ def test_check_gpus(need, mem, gpus, ok):
     assert preflight.check_gpus(need, mem, gpus, "h").ok is ok
 
 
+# hostside.gpus() on a real H200 host (the device machine, 2026-11-29): nvidia-smi's view, parsed there
+H200 = [{"index": 0, "name": "NVIDIA H200", "utilization_pct": 0.0, "memory_used_mib": 0.0,
+         "memory_total_mib": 143771.0}]
+
+
+@pytest.mark.parametrize("need, mem, util, ok", [(1, None, 0.85, True), (2, None, 0.85, False),
+                                                 (1, 200_000, None, False), (1, 140_000, None, True)])
+def test_check_gpus_on_a_recorded_h200(need, mem, util, ok):
+    assert preflight.check_gpus(need, mem, H200, "h200", utilization=util).ok is ok
+
+
 def test_check_gpus_by_vllm_utilization():
     seeds_gpu0 = {"memory_total_mib": 97_871, "memory_used_mib": 93_184}  # 91 of 95 GB held by weights
     idle = {"memory_total_mib": 97_871, "memory_used_mib": 500}
