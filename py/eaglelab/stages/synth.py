@@ -26,6 +26,7 @@ import requests
 
 from .. import manifest
 from ..errors import StageError
+from ..fsutil import atomic_write_bytes
 from . import common
 
 OUT_NAME = "responses.jsonl"
@@ -157,9 +158,15 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
 
         regen.build_detokenizer = detokenizer
 
+    # speculators' --limit counts rows queued in this run, after skipping finished ids: with a resume
+    # it would go past the first N prompts. Give it exactly the first N instead.
+    dataset = prompts
+    if limit is not None:
+        dataset = out_dir / "prompts.limited.jsonl"
+        atomic_write_bytes(dataset, "".join(json.dumps(r) + "\n" for r in rows_in).encode())
     t0 = time.monotonic()
-    regenerate_responses(endpoint=f"{endpoint}/v1/chat/completions", model=model, dataset=str(prompts),
-                         limit=limit, concurrency=concurrency, max_tokens=max_tokens,
+    regenerate_responses(endpoint=f"{endpoint}/v1/chat/completions", model=model, dataset=str(dataset),
+                         limit=None, concurrency=concurrency, max_tokens=max_tokens,
                          sampling_params=json.dumps(sampling), outfile=str(out_dir / OUT_NAME), resume=True,
                          max_retries=max_retries, split=None, subset=None, language_filter=None,
                          reasoning_effort=None, temperature=None, seed=0)
