@@ -82,6 +82,12 @@ def run(tmp_path_factory):
     facts: dict = {}
     try:
         lab.lab("run", "model", "synth", "eval_baseline")
+        # synth, resumed: keep the first 40 responses, forget the manifest, run it again
+        resp = lab.data / "synth" / "responses.jsonl"
+        facts["synth_kept"] = resp.read_text().splitlines(keepends=True)[:40]
+        resp.write_text("".join(facts["synth_kept"]))
+        (lab.data / "synth" / "manifest.json").unlink()
+        facts["synth_resume"] = lab.lab("run", "synth", "--force").stdout
         lab.lab("stop", "serve_target")  # frees the cores; eval needs only its baseline.json now
         lab.lab("run", "prepare")
 
@@ -121,6 +127,18 @@ def run(tmp_path_factory):
     finally:
         lab.teardown()
         print("\n\n".join(lab.transcript[-6:]))
+
+
+def test_synth_resumed_only_the_missing_conversations(run):
+    lab, f = run
+    text = (lab.data / "synth" / "responses.jsonl").read_text()
+    assert text.startswith("".join(f["synth_kept"]))  # the kept rows untouched, the rest appended
+    rows = [json.loads(x) for x in text.splitlines()]
+    prompts = [json.loads(x)["id"] for x in (lab.data / "prompts.jsonl").read_text().splitlines()]
+    assert sorted(r["primary_id"] for r in rows) == sorted(prompts)
+    assert f"{SAMPLES - 40} conversations ({SAMPLES - 40} ok, 0 errors" in f["synth_resume"]
+    man = json.loads((lab.data / "synth" / "manifest.json").read_text())
+    assert man["counts"]["done"] == SAMPLES and man["counts"]["errors"] == 0
 
 
 def test_hidden_states_files_are_valid_and_of_expected_shapes(run):
