@@ -35,6 +35,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .errors import RegistryError
+
 # --- tuning (measured on bench/corpus with bench/bench_eta.py; see bench/RESULTS.md) ---------------
 DRIFT_DAMPING = 0.5  # share of the fitted drift that is assumed to continue
 RANGE_Z = 2.1  # half-width of the range in units of the level's log-scale uncertainty
@@ -418,16 +420,24 @@ class History:
         if not d:
             return cls()
         runs = []
-        for r in d.get("runs", []):
-            phases = tuple(PhaseRecord(name=p["name"], duration_s=float(p["duration_s"]),
-                                       items=p.get("items"), s_per_item=p.get("s_per_item"))
-                           for p in r.get("phases") or [] if p.get("duration_s") is not None)
-            dur = r.get("duration_s")
-            if dur is None:
-                dur = sum(p.duration_s for p in phases)
-            runs.append(RunRecord(stage=r["stage"], host=r.get("host", ""), profile=r.get("profile", ""),
-                                  duration_s=float(dur), phases=phases, state=r.get("state", "completed"),
-                                  run_id=r.get("run_id") or r.get("id"), ended_at=r.get("ended_at")))
+        for i, r in enumerate(d.get("runs", [])):
+            where = f"ETA history runs[{i}]"
+            try:
+                phases = tuple(PhaseRecord(name=str(p["name"]), duration_s=float(p["duration_s"]),
+                                           items=_opt_float(p.get("items")), s_per_item=_opt_float(p.get("s_per_item")))
+                               for p in r.get("phases") or [] if p.get("duration_s") is not None)
+                dur = r.get("duration_s")
+                dur = sum(p.duration_s for p in phases) if dur is None else float(dur)
+                runs.append(RunRecord(stage=str(r["stage"]), host=str(r.get("host", "")),
+                                      profile=str(r.get("profile", "")), duration_s=dur, phases=phases,
+                                      state=str(r.get("state", "completed")),
+                                      run_id=r.get("run_id") or r.get("id"), ended_at=r.get("ended_at")))
+            except KeyError as e:
+                raise RegistryError(f"{where}: missing key {e.args[0]!r}; each run needs `stage` and each "
+                                    f"phase `name` and `duration_s` (docs/interfaces.md, ETA)") from None
+            except (TypeError, ValueError, AttributeError) as e:
+                raise RegistryError(f"{where}: {e}; durations are seconds (numbers), phases a list of "
+                                    f"objects (docs/interfaces.md, ETA)") from None
         return cls(runs=tuple(runs), expected_items=dict(d.get("expected_items") or {}))
 
     def same(self, stage: str, host: str, profile: str) -> list[RunRecord]:
@@ -456,6 +466,10 @@ class Span:
 ZERO = Span(0.0, 0.0, 0.0, "done")
 HISTORY_WIDEN = 0.15  # phase durations from history: the range is [min, max] of earlier runs, +-15%
 OTHER_WIDEN = 1.0  # from another host/profile: x0.5 .. x2
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
 
 
 def _from_durations(durations: list[float], source: str, widen: float) -> Span:
@@ -599,6 +613,7 @@ def run_eta(run: dict, history: History, profile: str, now: float) -> dict | Non
         if span is None:
             unknown = True
         else:
+            entry["expected_duration_s"] = round(span.eta_s, 3)
             entry.update(_span_fields(span, now, start=total))
             total = total + span
         phases_out.append(entry)
