@@ -310,4 +310,8 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             raise ConfigError(f"{where}: a service needs `ready:` (log_regex or url)")
     cfg = Config(lab, pipe, profile, conf_dir)
     cfg.stage_order()  # refuses cycles now, not at launch
+    for s in pipe.stages.values():  # and unknown ${vars}
+        variables = cfg.vars_for(s)
+        for value in [*s.command, *s.env.values(), *s.inputs, *s.outputs]:
+            cfg.render(s, value, variables)
     return cfg

@@ -218,7 +218,33 @@ def _num(s: str) -> float | None:
         return None
 
 
+def inputs_digest(paths: list[str], cwd: str = ".") -> dict[str, str]:
+    """A cheap fingerprint of each input: its manifest.json when the stage that made it wrote one
+    (content hash), else sizes and mtimes; "missing" when absent. Read where the data is."""
+    import hashlib
+    out = {}
+    for p in paths:
+        path = Path(cwd, p).expanduser()
+        manifest = path / "manifest.json" if path.is_dir() else None
+        if manifest is not None and manifest.is_file():
+            out[p] = "manifest:" + hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+        elif path.is_file():
+            st = path.stat()
+            out[p] = f"file:{st.st_size}:{st.st_mtime_ns}"
+        elif path.is_dir():
+            count = size = newest = 0
+            for f in path.rglob("*"):
+                if f.is_file():
+                    st = f.stat()
+                    count, size, newest = count + 1, size + st.st_size, max(newest, st.st_mtime_ns)
+            out[p] = f"dir:{count}:{size}:{newest}"
+        else:
+            out[p] = "missing"
+    return out
+
+
 VERBS = {
+    "inputs_digest": lambda a: inputs_digest(a["paths"], a.get("cwd", ".")),
     "launch": lambda a: launch(a["work_dir"], a["spec"]),
     "report": lambda a: report(a["work_dir"], a.get("stage")),
     "stop": lambda a: stop(a["work_dir"], a["run_id"], a.get("grace_s", 30.0)),

@@ -1,0 +1,62 @@
+# eaglelab — `make help` lists the targets. Each stage target is one `lab run` call, so
+# `make extract train` runs (or re-attaches to, or skips) those stages in order.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+VENV ?= .venv
+PYTHON ?= python3
+PROFILE ?=
+LAB := bin/lab $(if $(PROFILE),--profile $(PROFILE))
+STAGES := synth prepare extract vocab train eval
+PYTEST_ARGS ?=
+
+.PHONY: help
+help:  ## list the targets, one line each
+	@grep -hE '^[a-zA-Z_ -]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:[^#]*## /\t/' | \
+	  awk -F'\t' '{printf "  \033[36m%-22s\033[0m %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	# --no-deps: exactly the lock, nothing resolved anew (torchvision & co. would break vLLM on CPU)
+	$(VENV)/bin/pip install -q --no-deps -r requirements.lock
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+.PHONY: setup
+setup: $(VENV)/.installed .system  ## create .venv from requirements.lock and install the Debian packages the tests use
+
+.PHONY: .system
+.system:
+	@bin/setup-system
+
+.PHONY: $(STAGES)
+synth prepare extract vocab train eval: $(VENV)/.installed  ## run that pipeline stage (idempotent; PROFILE=name)
+	$(LAB) run $@
+
+.PHONY: pipeline
+pipeline: $(VENV)/.installed  ## run every stage that needs it, in dependency order
+	$(LAB) pipeline
+
+.PHONY: tick
+tick: $(VENV)/.installed  ## run the small `tick` stage (tries the machinery in seconds)
+	$(LAB) run tick
+
+.PHONY: status
+status: $(VENV)/.installed  ## one screen: every host, stage, progress, ETA
+	$(LAB) status
+
+.PHONY: demo
+demo: setup  ## the whole pipeline on the tiny demo model, on this machine, with the status page
+	bin/demo
+
+.PHONY: test
+test: setup  ## run every test (installs what they need first)
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+.PHONY: bench
+bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)
+	@for b in bench/bench_*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
+
+.PHONY: clean-runs
+clean-runs:  ## forget local runs and the registry (logs/ only; data/ stays)
+	rm -rf logs/local logs/registry.sqlite* logs/locks

@@ -1,0 +1,105 @@
+"""The speculators stages' lifecycle and metric lines, as events (speculators 0.9.0's CLI).
+
+train:    `Training epoch 1/3 started|completed`, `Validation epoch 1/3 started|completed`,
+          `Saving checkpoint to CK/0`, `Checkpoint saved to CK/0`, metric lines
+          `train/loss=1.234, train/full_acc_0=0.500, profile/tokens_per_s=1.23e+04, epoch=0, lr=1.00e-04, global_step=10`
+          and `val/loss_epoch=..., val/full_acc_0_epoch=..., epoch=0`.
+generate-offline-data: `EAGLE Offline Data Generation`, `Processing N samples`,
+          `Found N existing samples for rank R.`, `Timing: 12.3s elapsed, 4.5 samples/s, ...`,
+          `Saved N new data points to DIR`, `Skipped N samples due to errors: [...]`, `Data generation complete!`.
+prepare-data: `Preparing data`, `Done preparing data`, `Writing dataset to OUT`.
+regenerate-responses: the `Generating responses` bar and `Pipeline complete in 12.3s: N conversations (a ok, b errors, c truncated)`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .events import END, Event, metric, num, phase_end, phase_start
+
+_EPOCH_RE = re.compile(r"(?P<kind>Training|Validation) epoch (?P<e>\d+)/(?P<n>\d+) (?P<what>started|completed)")
+_KV_RE = re.compile(r"([A-Za-z_][\w./-]*)=([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))(?=,|\s|$)")
+# Only k=v pairs, joined by ', ' (speculators) or spaces (most other trainers); at least two of them.
+_METRIC_LINE_RE = re.compile(r"^\s*[A-Za-z_][\w./-]*=[^,\s]+(?:(?:,\s*|\s+)[A-Za-z_][\w./-]*=[^,\s]+)+\s*$")
+_PROCESSING_RE = re.compile(r"^Processing (?P<n>\d+) samples")
+_FOUND_RE = re.compile(r"^Found (?P<n>\d+) existing samples")
+_TIMING_RE = re.compile(r"^Timing: (?P<el>[\d.]+)s elapsed, (?P<sps>[\d.]+) samples/s")
+_SAVED_RE = re.compile(r"^Saved (?P<n>\d+) new data points")
+_SKIPPED_RE = re.compile(r"Skipped (?P<n>\d+) samples due to errors")
+_PIPELINE_RE = re.compile(r"Pipeline complete in (?P<s>[\d.]+)s: (?P<n>\d+) conversations \((?P<ok>\d+) ok, (?P<err>\d+) errors")
+_COUNTERS = ("global_step", "step", "epoch")
+
+_GATE = ("=", "epoch", "heckpoint", "Processing", "Found", "Timing", "Saved", "Skipped", "complete", "Preparing",
+         "preparing", "Writing dataset", "EAGLE Offline")
+
+
+def recognize(msg: str) -> list[Event]:
+    if not any(g in msg for g in _GATE):
+        return []
+    if "=" in msg and _METRIC_LINE_RE.match(msg):
+        return _metric_line(msg)
+    m = _EPOCH_RE.search(msg)
+    if m:
+        name = "training" if m.group("kind") == "Training" else "validation"
+        e, n = int(m.group("e")), int(m.group("n"))
+        if m.group("what") == "started":
+            return [phase_start(name, f"epoch {e}/{n}")]
+        out = [phase_end(name)]
+        if name == "training" and e == n:
+            out.append(Event(END, "done", message=msg.strip()))
+        return out
+    if msg.startswith("Saving checkpoint to"):
+        return [phase_start("checkpointing", msg.partition(" to ")[2].strip())]
+    if msg.startswith("Checkpoint saved to"):
+        return [phase_end("checkpointing")]
+    if "EAGLE Offline Data Generation" in msg:
+        return [phase_start("data_generation_setup")]
+    m = _PROCESSING_RE.match(msg)
+    if m:
+        return [phase_start("extracting"), metric("datagen/samples_to_process", float(m.group("n")), 0)]
+    m = _FOUND_RE.match(msg)
+    if m:
+        return [metric("datagen/samples_existing", float(m.group("n")), 0)]
+    m = _TIMING_RE.match(msg)
+    if m:
+        return [metric("datagen/samples_per_s", float(m.group("sps")))]
+    m = _SAVED_RE.match(msg)
+    if m:
+        return [phase_end("extracting"), metric("datagen/samples_saved", float(m.group("n")))]
+    m = _SKIPPED_RE.search(msg)
+    if m:
+        return [metric("datagen/samples_skipped", float(m.group("n")))]
+    if "Data generation complete!" in msg:
+        return [Event(END, "done", message=msg.strip())]
+    m = _PIPELINE_RE.search(msg)
+    if m:
+        return [phase_end("generating", num(m.group("s"))),
+                metric("regen/conversations_ok", float(m.group("ok"))),
+                metric("regen/conversations_errors", float(m.group("err"))),
+                Event(END, "done", message=msg.strip())]
+    stripped = msg.strip().strip("=─━- ")
+    if stripped == "Preparing data":
+        return [phase_start("preparing")]
+    if stripped == "Done preparing data":
+        return [phase_end("preparing")]
+    if stripped.startswith("Writing dataset to"):
+        return [phase_start("writing_dataset")]
+    return []
+
+
+# A metric line names something a trainer measures; `world_size=1, rank=0` (vLLM's setup) does not.
+_METRIC_KEY_RE = re.compile(r"/|loss|acc|lr$|grad_norm|perplexity|tokens_per_s")
+
+
+def _metric_line(msg: str) -> list[Event]:
+    pairs = {k: v for k, v in _KV_RE.findall(msg)}
+    if not pairs or not any(_METRIC_KEY_RE.search(k) for k in pairs):
+        return []
+    step_key = "global_step" if "global_step" in pairs else "step" if "step" in pairs else None
+    step = num(pairs[step_key]) if step_key else None
+    if step is None and "epoch" in pairs and any(k.startswith("val/") for k in pairs):
+        step = num(pairs["epoch"])
+    return [metric(k, float(v), step) for k, v in pairs.items() if k not in _COUNTERS]
+
+
+BAR_PHASES = {"Generating responses": "generating"}

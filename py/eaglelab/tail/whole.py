@@ -1,0 +1,39 @@
+"""Parse a whole log file (or bytes) once, in bounded memory: what `lab parse FILE` prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import EaglelabError
+from ..parse.state import LogState
+from .follower import CHUNK
+from .frames import FrameSplitter
+
+
+def parse_chunks(chunks, include_history: bool = False, state: LogState | None = None) -> dict:
+    """The final state JSON of a log given as an iterable of byte chunks."""
+    st = state or LogState()
+    sp = FrameSplitter(lambda text, n: st.feed_line(text, n), lambda text, n: st.feed_frame(text, n))
+    for chunk in chunks:
+        sp.feed(chunk)
+    sp.flush()
+    st.lines, st.garbled = sp.lines, sp.bad
+    return st.snapshot(include_history=include_history)
+
+
+def parse_bytes(data: bytes, include_history: bool = False) -> dict:
+    return parse_chunks([data], include_history)
+
+
+def parse_file(path: str | Path, include_history: bool = False, chunk: int = CHUNK) -> dict:
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise EaglelabError(f"log file {str(path)!r} does not exist: give the path of a stage's output.log") from None
+    except IsADirectoryError:
+        raise EaglelabError(f"{str(path)!r} is a directory: give a log file (e.g. {str(path / 'output.log')!r})") from None
+    except PermissionError:
+        raise EaglelabError(f"cannot read {str(path)!r}: permission denied") from None
+    with f:
+        return parse_chunks(iter(lambda: f.read(chunk), b""), include_history)

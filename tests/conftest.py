@@ -1,0 +1,93 @@
+"""Shared fixtures. `tmplab` builds a throw-away lab (its own conf, registry and run directories)
+that drives the real `bin/lab` in subprocesses, the way a user does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = REPO / "bin" / "lab"
+
+
+class TmpLab:
+    def __init__(self, root: Path):
+        self.root = root
+        self.conf = root / "conf"
+        self.logs = root / "logs"
+        self.work = root / "work"
+        (self.conf / "profiles").mkdir(parents=True)
+        self.write_lab()
+        self.write_profile("test", "vars: {}\n")
+
+    def write_lab(self, extra: str = "") -> None:
+        (self.conf / "lab.yaml").write_text(textwrap.dedent(f"""\
+            profile: test
+            logs_dir: {self.logs}
+            hosts:
+              local:
+                reach: local
+                work_dir: {self.work}
+                repo_dir: {REPO}
+                python: {sys.executable}
+            """) + extra)
+
+    def write_pipeline(self, text: str) -> None:
+        (self.conf / "pipeline.yaml").write_text(textwrap.dedent(text))
+
+    def write_profile(self, name: str, text: str) -> None:
+        (self.conf / "profiles" / f"{name}.yaml").write_text(textwrap.dedent(text))
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env["EAGLELAB_CONF"] = str(self.conf)
+        env.pop("EAGLELAB_PROFILE", None)
+        return env
+
+    def lab(self, *args: str, check: bool = True, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+        p = subprocess.run([str(LAB), *args], capture_output=True, text=True, env=self.env(), timeout=timeout, **kw)
+        if check and p.returncode != 0:
+            raise AssertionError(f"lab {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+        return p
+
+    def status(self) -> dict:
+        return json.loads(self.lab("status", "--json").stdout)
+
+    def runs(self, stage: str | None = None) -> list[dict]:
+        return [r for r in self.status()["runs"] if stage is None or r["stage"] == stage]
+
+    def wait_for(self, pred, timeout: float = 60, interval: float = 0.2):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            value = pred()
+            if value:
+                return value
+            time.sleep(interval)
+        raise AssertionError(f"condition not met within {timeout} s")
+
+    def run_dirs(self) -> list[Path]:
+        d = self.work / "runs"
+        return sorted(p for p in d.iterdir()) if d.exists() else []
+
+
+@pytest.fixture
+def tmplab(tmp_path: Path) -> TmpLab:
+    lab = TmpLab(tmp_path)
+    yield lab
+    # Leave no stage running behind a test.
+    for d in lab.run_dirs():
+        meta = d / "meta.json"
+        if meta.exists() and not (d / "exit.json").exists():
+            pgid = json.loads(meta.read_text()).get("pgid")
+            if pgid:
+                try:
+                    os.killpg(pgid, 9)
+                except (ProcessLookupError, PermissionError):
+                    pass

@@ -1,0 +1,96 @@
+"""Config: a good config loads; a broken one names the file, the key, the bad value and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from eaglelab import config
+from eaglelab.errors import ConfigError
+
+PIPELINE = """\
+vars:
+  n: "5"
+stages:
+  a:
+    host: local
+    command: ["${python}", "-c", "print(${n})"]
+  b:
+    host: local
+    command: ["true"]
+    depends_on: [a]
+"""
+
+
+def load(tmplab, pipeline=PIPELINE, profile=None):
+    tmplab.write_pipeline(pipeline)
+    return config.load(tmplab.conf, profile)
+
+
+def test_valid_config_loads_with_profile_vars(tmplab):
+    tmplab.write_profile("big", "vars:\n  n: '500'\nstages:\n  b:\n    gpus: 2\n")
+    cfg = load(tmplab, profile="big")
+    assert cfg.profile == "big"
+    assert cfg.stage("b").gpus == 2 and cfg.stage("b").depends_on == ["a"]
+    assert cfg.stage_order() == ["a", "b"]
+    a = cfg.stage("a")
+    assert cfg.render(a, a.command[2], cfg.vars_for(a)) == "print(500)"
+
+
+@pytest.mark.parametrize("pipeline, needles", [
+    (PIPELINE.replace("command: [\"true\"]", "command: [\"true\"]\n    dependz_on: [a]"),
+     ["pipeline.yaml", "stages.b.dependz_on", "did you mean 'depends_on'"]),
+    (PIPELINE.replace("host: local\n    command: [\"true\"]", "host: local\n    command: [\"true\"]\n    gpus: lots"),
+     ["pipeline.yaml", "stages.b.gpus", "'lots'", "integer"]),
+    (PIPELINE.replace("host: local\n    command: [\"true\"]", "host: gpu9\n    command: [\"true\"]"),
+     ["pipeline.yaml", "stages.b.host", "'gpu9'", "no such host", "lab.yaml"]),
+    (PIPELINE.replace("depends_on: [a]", "depends_on: [aa]"), ["stages.b.depends_on", "'aa'", "did you mean 'a'"]),
+    (PIPELINE.replace("print(${n})", "print(${m})"), ["stage 'a'", "${m}", "vars"]),
+    (PIPELINE + "  c:\n    host: local\n    command: [x]\n    depends_on: [c]\n", ["cycle", "c -> c"]),
+    ("stages: [1, 2]\n", ["pipeline.yaml", "stages", "dictionary"]),
+    ("stages: {a: {host: local, command: [x]\n", ["pipeline.yaml", "not valid YAML"]),
+])
+def test_broken_pipeline_names_file_and_key(tmplab, pipeline, needles):
+    tmplab.write_pipeline(pipeline)
+    with pytest.raises(ConfigError) as e:
+        config.load(tmplab.conf)
+    for needle in needles:
+        assert needle in e.value.message, (needle, e.value.message)
+
+
+def test_bad_profile_value_is_blamed_on_the_profile_file(tmplab):
+    tmplab.write_profile("bad", "stages:\n  a:\n    gpus: -x\n")
+    with pytest.raises(ConfigError) as e:
+        load(tmplab, profile="bad")
+    assert "profiles/bad.yaml: stages.a.gpus" in e.value.message
+
+
+def test_unknown_profile_lists_profiles(tmplab):
+    with pytest.raises(ConfigError) as e:
+        load(tmplab, profile="tets")
+    assert "no such profile 'tets'" in e.value.message and "did you mean 'test'" in e.value.message
+
+
+def test_lab_yaml_unknown_host_key(tmplab):
+    tmplab.write_lab("    gpu_count: 8\n")
+    with pytest.raises(ConfigError) as e:
+        load(tmplab)
+    assert "lab.yaml: hosts.local.gpu_count" in e.value.message and "allowed:" in e.value.message
+
+
+def test_repo_conf_and_profiles_are_valid():
+    """The shipped config and every shipped profile load."""
+    from pathlib import Path
+    profiles = sorted(p.stem for p in (config.REPO_ROOT / "conf" / "profiles").glob("*.yaml"))
+    assert "demo" in profiles
+    for name in profiles:
+        cfg = config.load(config.REPO_ROOT / "conf", name)
+        assert cfg.stages, name
+        assert Path(cfg.logs_dir).name == "logs"
+
+
+def test_broken_config_launches_nothing(tmplab):
+    tmplab.write_pipeline(PIPELINE.replace("command: [\"true\"]", "command: [\"true\"]\n    colour: red"))
+    p = tmplab.lab("run", "b", check=False)
+    assert p.returncode == 2
+    assert "stages.b.colour" in p.stderr and "pipeline.yaml" in p.stderr
+    assert tmplab.run_dirs() == []

@@ -1,0 +1,77 @@
+"""The registry under concurrent writers, and after a writer is killed mid-write."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+from eaglelab.runs import Registry
+
+WRITER = textwrap.dedent("""\
+    import sys
+    sys.path.insert(0, {py!r})
+    from eaglelab.runs import Registry
+    reg = Registry({db!r})
+    who, n = sys.argv[1], int(sys.argv[2])
+    for i in range(n):
+        run = dict(id=f"{{who}}-{{i % 7}}", stage=f"stage{{i % 3}}", host=who, state="running" if i < n - 7 else "completed",
+                   exit_code=0, started_at=f"2026-01-01T00:00:{{i % 60:02d}}Z", log_state={{"lines": i, "pad": "x" * 2000}})
+        reg.upsert(run)
+        reg.sync_host(who, {{"runs": [run], "gpus": None}})
+    print("done", flush=True)
+""")
+
+
+def _writer(tmp_path, db, who, n):
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER.format(py=str(__import__("eaglelab").__path__[0].rsplit("/", 1)[0]), db=str(db)))
+    return subprocess.Popen([sys.executable, str(script), who, str(n)], stdout=subprocess.PIPE, text=True)
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    db = tmp_path / "registry.sqlite"
+    Registry(db)
+    procs = [_writer(tmp_path, db, f"w{k}", 60) for k in range(5)]
+    assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["done"] * 5
+    reg = Registry(db)
+    runs = reg.runs()
+    assert len(runs) == 5 * 7
+    assert all(r["state"] == "completed" and r["log_state"]["pad"] == "x" * 2000 for r in runs)
+    assert set(reg.hosts()) == {f"w{k}" for k in range(5)}
+    with sqlite3.connect(db) as c:
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_writer_killed_mid_write_leaves_a_usable_registry(tmp_path):
+    db = tmp_path / "registry.sqlite"
+    Registry(db).upsert({"id": "keep-1", "stage": "s", "host": "h", "state": "completed", "exit_code": 0})
+    for attempt in range(3):
+        p = _writer(tmp_path, db, f"victim{attempt}", 100000)
+        time.sleep(0.5 + attempt * 0.3)  # mid-stream: it writes continuously
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    reg = Registry(db)
+    with sqlite3.connect(db) as c:
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert reg.get("keep-1")["state"] == "completed"
+    assert any(r["host"].startswith("victim") for r in reg.runs())  # the victims did write before dying
+    reg.upsert({"id": "after", "stage": "s", "host": "h", "state": "running"})  # and it still takes writes
+    assert reg.get("after")["state"] == "running"
+
+
+def test_unreachable_host_keeps_its_since_and_last_report(tmp_path):
+    reg = Registry(tmp_path / "r.sqlite")
+    reg.sync_host("gpu1", {"runs": [], "gpus": [{"index": 0}]})
+    reg.sync_host("gpu1", None, "timeout")
+    since = reg.hosts()["gpu1"]["unreachable_since"]
+    time.sleep(0.01)
+    reg.sync_host("gpu1", None, "timeout again")
+    h = reg.hosts()["gpu1"]
+    assert h["reachable"] is False and h["unreachable_since"] == since and h["gpus"] == [{"index": 0}]
+    reg.sync_host("gpu1", {"runs": [], "gpus": None})
+    assert reg.hosts()["gpu1"]["reachable"] is True and reg.hosts()["gpu1"]["unreachable_since"] is None

@@ -1,0 +1,179 @@
+"""Detached stages through jobwrap: they outlive the shell, end recorded (exit code, signal), stop
+by process group, and `lab run` is idempotent. Real processes throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+from conftest import LAB
+
+PIPELINE = """\
+vars:
+  steps: "10"
+stages:
+  tick:
+    host: local
+    command: ["${python}", "-m", "eaglelab.stages.tick", "--steps", "${steps}", "--delay", "0.3",
+              "--output", "${work_dir}/out/tick.json"]
+    outputs: ["${work_dir}/out/tick.json"]
+  fail3:
+    host: local
+    command: ["${python}", "-m", "eaglelab.stages.tick", "--steps", "5", "--delay", "0.05", "--fail-at", "2"]
+  sleeper:
+    host: local
+    command: ["${python}", "-c", "import time; print('sleeping', flush=True); time.sleep(600)"]
+    stop_grace_s: 2
+  stubborn:
+    host: local
+    command: ["${python}", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"]
+    stop_grace_s: 1
+  envdump:
+    host: local
+    command: ["${python}", "-c", "import os, json; print(json.dumps({k: os.environ.get(k) for k in ('PYTHONUNBUFFERED', 'COLUMNS', 'EAGLELAB_RUN_ID')}))"]
+  after:
+    host: local
+    command: ["true"]
+    depends_on: [fail3]
+"""
+
+
+def _state(tmplab, run_id):
+    return next(r for r in tmplab.runs() if r["id"] == run_id)
+
+
+def _meta(tmplab, run_id):
+    return json.loads((tmplab.work / "runs" / run_id / "meta.json").read_text())
+
+
+def test_detached_stage_survives_lab_and_its_shell(tmplab):
+    tmplab.write_pipeline(PIPELINE)
+    # `lab run` attached (following the log) inside a shell; kill the shell's whole group mid-run.
+    shell = subprocess.Popen(["sh", "-c", '"$0" run tick; echo after', str(LAB)], env=tmplab.env(),
+                             start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = tmplab.wait_for(lambda: next((r for r in tmplab.runs("tick") if r["state"] == "running"), None))
+    os.killpg(shell.pid, signal.SIGKILL)
+    shell.wait()
+    # A new process sees it running, then completed with its exit code.
+    assert _state(tmplab, run["id"])["state"] == "running"
+    done = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"]))["state"] != "running" and r)
+    assert (done["state"], done["exit_code"], done["signal"]) == ("completed", 0, None)
+    assert done["ended_at"] and done["started_at"] < done["ended_at"]
+    assert json.loads((tmplab.work / "out" / "tick.json").read_text()) == {"steps": 10}
+    log = (tmplab.work / "runs" / run["id"] / "output.log").read_bytes()
+    assert b"tick: done" in log and b"\r" in log  # tqdm frames reach the log raw
+
+
+def test_sigkill_from_outside_ends_killed_with_signal_9(tmplab):
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "sleeper", "--detach")
+    run = tmplab.runs("sleeper")[0]
+    os.kill(_meta(tmplab, run["id"])["pid"], signal.SIGKILL)
+    done = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"]))["state"] != "running" and r)
+    assert (done["state"], done["signal"], done["exit_code"]) == ("killed", 9, None)
+
+
+def test_exit_3_ends_failed_with_exit_code_3_and_is_rerun(tmplab):
+    tmplab.write_pipeline(PIPELINE)
+    p = tmplab.lab("run", "fail3", check=False)
+    assert p.returncode == 3, p.stdout + p.stderr
+    runs = tmplab.runs("fail3")
+    assert [(r["state"], r["exit_code"]) for r in runs] == [("failed", 3)]
+    # A stage that depends on it refuses to start, naming it.
+    p = tmplab.lab("run", "after", check=False)
+    assert p.returncode != 0 and "depends on 'fail3'" in p.stderr and "failed" in p.stderr
+    # Typed again: a failed stage starts again.
+    tmplab.lab("run", "fail3", check=False)
+    assert len(tmplab.runs("fail3")) == 2
+
+
+def test_completed_unchanged_stage_is_skipped_and_changed_one_reruns(tmplab):
+    tmplab.write_pipeline(PIPELINE.replace('steps: "10"', 'steps: "2"'))
+    tmplab.lab("run", "tick")
+    p = tmplab.lab("run", "tick")
+    assert "up to date" in p.stdout
+    assert len(tmplab.runs("tick")) == 1
+    tmplab.write_pipeline(PIPELINE.replace('steps: "10"', 'steps: "3"'))  # config changed
+    p = tmplab.lab("run", "tick")
+    assert "changed" in p.stdout and len(tmplab.runs("tick")) == 2
+
+
+def test_two_lab_runs_at_once_make_one_job(tmplab):
+    tmplab.write_pipeline(PIPELINE)
+    procs = [subprocess.Popen([str(LAB), "run", "tick", "--detach"], env=tmplab.env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert len(tmplab.run_dirs()) == 1, outs
+    assert sum("starting tick" in o for o in outs) == 1
+    assert sum("attaching" in o for o in outs) == 2
+
+
+def test_attach_follows_a_running_stage_to_its_end(tmplab):
+    tmplab.write_pipeline(PIPELINE.replace('steps: "10"', 'steps: "6"'))
+    tmplab.lab("run", "tick", "--detach")
+    p = tmplab.lab("run", "tick")  # attaches, streams the log, returns when it ends
+    assert "attaching" in p.stdout and "tick: done" in p.stdout and "completed" in p.stdout
+    assert len(tmplab.run_dirs()) == 1
+
+
+def test_stop_terms_then_kills_the_process_group(tmplab):
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "stubborn", "--detach")
+    run = tmplab.runs("stubborn")[0]
+    tmplab.wait_for(lambda: b"up" in (tmplab.work / "runs" / run["id"] / "output.log").read_bytes())
+    p = tmplab.lab("stop", "stubborn")
+    assert "killed (signal 9)" in p.stdout
+    pgid = _meta(tmplab, run["id"])["pgid"]
+    tmplab.wait_for(lambda: _group_gone(pgid), timeout=10)
+    done = _state(tmplab, run["id"])
+    assert (done["state"], done["signal"]) == ("killed", 9)
+    # A polite stage stops at TERM.
+    tmplab.lab("run", "sleeper", "--detach")
+    p = tmplab.lab("stop", "sleeper")
+    assert "killed (signal 15)" in p.stdout
+
+
+def _group_gone(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+
+
+def test_stage_environment_and_recorded_command(tmplab):
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "envdump")
+    run = tmplab.runs("envdump")[0]
+    rd = tmplab.work / "runs" / run["id"]
+    env = json.loads((rd / "output.log").read_text().strip().splitlines()[-1])
+    assert env == {"PYTHONUNBUFFERED": "1", "COLUMNS": "1000", "EAGLELAB_RUN_ID": run["id"]}
+    meta = json.loads((rd / "meta.json").read_text())
+    assert meta["command"][1] == "-c" and meta["cwd"] and meta["pid"] and meta["pgid"] == meta["pid"]
+    assert (rd / "heartbeat").exists()
+    exit_info = json.loads((rd / "exit.json").read_text())
+    assert exit_info["exit_code"] == 0 and exit_info["state"] == "completed"
+
+
+def test_registry_is_rebuilt_from_the_run_directories(tmplab):
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "fail3", check=False)
+    tmplab.lab("run", "envdump")
+    before = {(r["id"], r["state"], r["exit_code"]) for r in tmplab.runs()}
+    for f in tmplab.logs.glob("registry.sqlite*"):
+        f.unlink()
+    after = {(r["id"], r["state"], r["exit_code"]) for r in tmplab.runs()}
+    assert after == before and len(after) == 2
+
+
+def test_logs_shows_the_last_frame_of_progress_lines(tmplab):
+    tmplab.write_pipeline(PIPELINE.replace('steps: "10"', 'steps: "3"'))
+    tmplab.lab("run", "tick")
+    out = tmplab.lab("logs", "tick").stdout
+    assert "3/3" in out and "0/3" not in out and "tick: done" in out
+    p = tmplab.lab("logs", "tickk", check=False)
+    assert p.returncode != 0 and "did you mean 'tick'" in p.stderr
