@@ -11,7 +11,7 @@ import signal as _signal
 
 from . import markers, speculators, vllm
 from .ansi import strip_ansi
-from .bars import BarBook, BarTrack, estimate_eta_s
+from .bars import BarBook, BarTrack, estimate_eta
 from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, Event
 from .failures import Candidate, FailureRecognizer
 from .prefixes import split_prefix
@@ -296,10 +296,19 @@ def _failure_json(c: Candidate | None) -> dict | None:
 
 def _progress_json(t: BarTrack) -> dict:
     p = t.latest
+    eta_s, eta_low_s, eta_high_s = estimate_eta(t)
     return {"label": p.label, "prefix": p.prefix or None, "n": p.n, "total": p.total, "unit": p.unit,
             "percent": p.percent, "rate_s_per_it": p.rate_s_per_it, "elapsed_s": p.elapsed_s,
-            "eta_s": estimate_eta_s(t), "tqdm_remaining_s": p.remaining_s, "postfix": p.postfix,
+            "eta_s": eta_s, "eta_low_s": eta_low_s, "eta_high_s": eta_high_s,
+            "observed_at": _iso(t.updated_at), "tqdm_remaining_s": p.remaining_s, "postfix": p.postfix,
             "line": t.last_line}
+
+
+def _iso(ts: float | None) -> str | None:
+    """The live clock time of the bar's last advance (annotate counts the time since it)."""
+    from ..fsutil import utcnow_iso
+
+    return None if ts is None else utcnow_iso(ts)
 
 
 def _bar_summary(t: BarTrack, include_history: bool) -> dict:
