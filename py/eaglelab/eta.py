@@ -42,6 +42,7 @@ DRIFT_DAMPING = 0.5  # share of the fitted drift that is assumed to continue
 RANGE_Z = 2.1  # half-width of the range in units of the level's log-scale uncertainty
 RANGE_FLOOR = 0.08  # the range is never narrower than +-8% (model risk that no fit sees)
 RECENCY = 0.5  # fit weights fall as exp(x / RECENCY): x = -1 at the regime's start, 0 now
+RECENT_SEGMENTS = 8  # ... but a recency scale never spans fewer than this many segments
 LEVEL_RECENCY = 0.5  # the level is calibrated with weights exp(x / LEVEL_RECENCY)
 MIN_SEGMENTS_FOR_DRIFT = 5  # fewer segments: no drift term, level only
 DRIFT_T = 2.0  # a drift is kept only when its slope is this many standard errors from 0
@@ -242,7 +243,12 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     mids, dns, dts, y = mids[c:], dns[c:], dts[c:], y[c:]
     span = max(float(mids[-1] - mids[0]), 1.0)
     x = (mids - mids[-1]) / span  # 0 at the latest segment, -1 at the first of the regime
-    w = _capped(dns) * np.exp(x / RECENCY)  # the whole history, the recent part weighing more
+    # Recency scales in x units (the regime spans x = -1..0), never shorter than RECENT_SEGMENTS
+    # segments: with few segments a heavy recency weight would be tqdm's EMA again.
+    seg = 1.0 / max(len(dns) - 1, 1)
+    fit_scale = max(RECENCY, RECENT_SEGMENTS * seg)
+    level_scale = max(LEVEL_RECENCY, RECENT_SEGMENTS * seg)
+    w = _capped(dns) * np.exp(x / fit_scale)  # the whole history, the recent part weighing more
     drift = len(dns) >= MIN_SEGMENTS_FOR_DRIFT
     a, b, scale, rw = _robust_line(x, y, w, drift)
 
@@ -252,7 +258,7 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     # first batch) is not going to come back.
     k = len(dns)
     calib = ~((rw == 0) & (x < -0.8))
-    lw = np.exp(x / LEVEL_RECENCY) * calib
+    lw = np.exp(x / level_scale) * calib
     level = float(np.sum(lw * dts) / np.sum(lw * np.exp(a + b * x) * dns))
     # Drift per item (log scale), from per-span units.
     b_item = b / span
