@@ -321,3 +321,23 @@ def test_bad_history_names_the_key():
         History.from_dict({"runs": [{"host": "gpu1", "duration_s": 3}]})
     with pytest.raises(RegistryError, match=r"runs\[0\]"):
         History.from_dict({"runs": [{"stage": "x", "duration_s": "soon"}]})
+
+
+def test_history_from_registry_phase_rows_and_status_runs():
+    # The registry's flat rows (eaglelab.runs.Registry.phase_history) group into runs.
+    rows = [{"run_id": "extract-a", "stage": "extract", "host": "gpu1", "profile": "demo", "phase": p,
+             "duration_s": d, "items": None, "rate_s_per_item": None, "ended_at": None}
+            for p, d in (("server_start", 60), ("weights_loading", 600), ("graph_capture", 100), ("extraction", 240))]
+    hist = History.from_dict({"phases": rows})
+    assert [p.name for p in hist.runs[0].phases] == ["server_start", "weights_loading", "graph_capture", "extraction"]
+    assert run_duration_estimate(hist, "extract", "gpu1", "demo").eta_s == 1000
+    with pytest.raises(RegistryError, match=r"phases\[0\].*'run_id'"):
+        History.from_dict({"phases": [{"stage": "x", "phase": "y", "duration_s": 1}]})
+    # A completed run the status lists is history too (vocab and train had none in the registry).
+    status = status_dict()
+    status["runs"].append({"id": "vocab-0", "stage": "vocab", "host": "gpu1", "state": "completed",
+                           "duration_s": 40.0, "started_at": "2026-11-29T19:00:00Z", "ended_at": "2026-11-29T19:00:40Z",
+                           "exit_code": 0, "signal": None, "log_state": None})
+    out = annotate(status, {"phases": rows}, NOW)
+    assert {s["name"]: s["eta"]["eta_s"] for s in out["stages"]}["vocab"] == 40.0
+    assert out["pipeline"]["unknown"] == ["train"]

@@ -444,7 +444,25 @@ class History:
             except (TypeError, ValueError, AttributeError) as e:
                 raise RegistryError(f"{where}: {e}; durations are seconds (numbers), phases a list of "
                                     f"objects (docs/interfaces.md, ETA)") from None
+        runs.extend(_runs_from_phase_rows(d.get("phases") or []))
         return cls(runs=tuple(runs), expected_items=dict(d.get("expected_items") or {}))
+
+    def with_status_runs(self, status: dict) -> "History":
+        """Plus the finished runs the status itself lists (their phases from their log state), so an
+        ETA has history even where the registry kept no phase rows; a run already known is skipped."""
+        known = {r.run_id for r in self.runs if r.run_id}
+        extra = []
+        for r in status.get("runs", []):
+            if r.get("state") != "completed" or r.get("id") in known or r.get("duration_s") is None:
+                continue
+            ls = r.get("log_state") or {}
+            phases = tuple(PhaseRecord(str(p.get("name")), float(p["duration_s"]))
+                           for p in ls.get("phases") or [] if p.get("duration_s") is not None)
+            extra.append(RunRecord(stage=str(r.get("stage")), host=str(r.get("host")),
+                                   profile=str(r.get("profile") or status.get("profile") or ""),
+                                   duration_s=float(r["duration_s"]), phases=phases, run_id=r.get("id"),
+                                   ended_at=r.get("ended_at")))
+        return History(runs=self.runs + tuple(extra), expected_items=self.expected_items)
 
     def same(self, stage: str, host: str, profile: str) -> list[RunRecord]:
         """Completed runs of this stage on this host with this profile, oldest first."""
@@ -472,6 +490,32 @@ class Span:
 ZERO = Span(0.0, 0.0, 0.0, "done")
 HISTORY_WIDEN = 0.15  # phase durations from history: the range is [min, max] of earlier runs, +-15%
 OTHER_WIDEN = 1.0  # from another host/profile: x0.5 .. x2
+
+
+def _runs_from_phase_rows(rows: list[dict]) -> list[RunRecord]:
+    """The registry's flat phase rows ({run_id, stage, host, profile, phase, duration_s, items,
+    rate_s_per_item, ended_at}, oldest first) grouped into runs, phases in the order they ended."""
+    by_run: dict[str, list[dict]] = {}
+    for i, row in enumerate(rows):
+        for key in ("run_id", "stage", "phase"):
+            if row.get(key) is None:
+                raise RegistryError(f"ETA history phases[{i}]: missing key {key!r}; each phase row needs "
+                                    f"run_id, stage, phase and duration_s (docs/interfaces.md, ETA)")
+        by_run.setdefault(str(row["run_id"]), []).append(row)
+    out = []
+    for run_id, prows in by_run.items():
+        try:
+            phases = tuple(PhaseRecord(str(p["phase"]), float(p["duration_s"]), _opt_float(p.get("items")),
+                                       _opt_float(p.get("rate_s_per_item", p.get("s_per_item"))))
+                           for p in prows if p.get("duration_s") is not None)
+        except (TypeError, ValueError) as e:
+            raise RegistryError(f"ETA history phases of run {run_id}: {e}; duration_s, items and "
+                                f"rate_s_per_item are numbers (docs/interfaces.md, ETA)") from None
+        first = prows[0]
+        out.append(RunRecord(stage=str(first["stage"]), host=str(first.get("host") or ""),
+                             profile=str(first.get("profile") or ""), duration_s=sum(p.duration_s for p in phases),
+                             phases=phases, run_id=run_id, ended_at=prows[-1].get("ended_at")))
+    return out
 
 
 def _opt_float(v: Any) -> float | None:
@@ -710,7 +754,7 @@ def annotate(status: dict, history: dict | History | None, now: float) -> dict:
     """Add ETA fields to a `lab status --json` object (a new dict; existing fields are kept as they are).
 
     runs[*].eta, stages[*].eta and top-level `pipeline`; see docs/interfaces.md, "## ETA"."""
-    hist = history if isinstance(history, History) else History.from_dict(history)
+    hist = (history if isinstance(history, History) else History.from_dict(history)).with_status_runs(status)
     profile = status.get("profile", "")
     out = dict(status)
     runs = [dict(r) for r in status.get("runs", [])]
