@@ -341,3 +341,20 @@ def test_history_from_registry_phase_rows_and_status_runs():
     out = annotate(status, {"phases": rows}, NOW)
     assert {s["name"]: s["eta"]["eta_s"] for s in out["stages"]}["vocab"] == 40.0
     assert out["pipeline"]["unknown"] == ["train"]
+
+
+def test_run_without_phases_counts_its_elapsed_time():
+    """A stage whose runs name no phases: the registry keeps the whole run as `__run__`."""
+    rows = [{"run_id": f"tick-{i}", "stage": "tick", "host": "local", "profile": "demo", "phase": "__run__",
+             "duration_s": d} for i, d in enumerate((100.0, 120.0))]
+    run = {"id": "tick-2", "stage": "tick", "host": "local", "state": "running",
+           "started_at": "2026-11-29T20:59:00Z", "log_state": {"phase": None, "phases": [], "progress": None}}
+    status = {"schema": 1, "profile": "demo", "runs": [run],
+              "stages": [{"name": "tick", "host": "local", "depends_on": [], "latest_run": "tick-2", "state": "running"}]}
+    out = annotate(status, {"phases": rows}, NOW)
+    assert out["runs"][0]["eta"]["eta_s"] == pytest.approx(110.0 - 60.0)  # median of earlier runs - 60 s run
+    # With a bar, the bar is the run: its ETA, not the bar plus a whole run again.
+    run["log_state"]["progress"] = {"n": 5, "total": 20, "eta_s": 30.0, "eta_low_s": 20.0, "eta_high_s": 45.0}
+    out = annotate(status, {"phases": rows}, NOW)
+    assert out["runs"][0]["eta"]["eta_s"] == 30.0
+    assert out["pipeline"]["eta_s"] == 30.0

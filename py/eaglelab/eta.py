@@ -576,6 +576,7 @@ def run_duration_estimate(history: History, stage: str, host: str, profile: str)
 # ---------------------------------------------------------------------------------------------------
 
 READY_PHASES = ("ready", "serving")  # a service is "done" for the DAG once its log says it is ready
+WHOLE_RUN = "__run__"  # the registry's phase row for a run whose log named no phases
 
 
 def _iso(ts: float | None) -> str | None:
@@ -615,48 +616,45 @@ def _progress_span(progress: dict | None, now: float) -> Span | None:
 
 def run_eta(run: dict, history: History, profile: str, now: float) -> dict | None:
     """ETA of a running run: the current phase (its bar, else its history minus the time it has
-    run) plus every later phase of the stage's template. None for runs that are not running."""
+    run) plus every later phase of the stage's template. None for runs that are not running.
+
+    Where the log names no phase, the current one is the template's first unfinished phase (for a
+    stage whose runs have no phases, WHOLE_RUN: the run itself)."""
     if run.get("state") != "running":
         return None
     stage, host = run.get("stage", ""), run.get("host", "")
     log = run.get("log_state") or {}
-    done = [p for p in log.get("phases") or [] if p.get("duration_s") is not None]
-    current = log.get("phase")
+    done = [p for p in log.get("phases") or [] if p.get("duration_s") is not None and p.get("name") != log.get("phase")]
+    done_names = {p["name"] for p in done}
     template = phase_template(history, stage, host, profile)
+    current = log.get("phase") or next((p for p in template if p not in done_names), None)
     started = _epoch(run.get("started_at"))
-    run_elapsed = max(now - started, 0.0) if started is not None else None
+    in_phase = max(now - started - sum(p["duration_s"] for p in done), 0.0) if started is not None else 0.0
 
-    phases_out: list[dict] = [{"name": p["name"], "state": "done", "duration_s": p["duration_s"]}
-                              for p in done if p.get("name") != current]
-    total = ZERO
+    phases_out: list[dict] = [{"name": p["name"], "state": "done", "duration_s": p["duration_s"]} for p in done]
     if current in READY_PHASES:
         current_span: Span | None = ZERO
     else:
         current_span = _progress_span(log.get("progress"), now)
-        if current_span is None and current:
-            hist = phase_estimate(history, stage, host, profile, current)
-            if hist is not None:
-                in_phase = None
-                if run_elapsed is not None:
-                    in_phase = max(run_elapsed - sum(p["duration_s"] for p in done if p.get("name") != current), 0.0)
-                left = lambda d: max(d - (in_phase or 0.0), 0.0)  # noqa: E731
-                # Already longer than any earlier run: at least a little more, and say so by the range.
-                current_span = Span(left(hist.eta_s), left(hist.low_s), max(left(hist.high_s), hist.eta_s * 0.1),
-                                    hist.source)
+        hist = phase_estimate(history, stage, host, profile, current) if current and current_span is None else None
+        if hist is not None:
+            left = lambda d: max(d - in_phase, 0.0)  # noqa: E731
+            # Already longer than any earlier run: a little more at least, and a range that says so.
+            current_span = Span(left(hist.eta_s), left(hist.low_s), max(left(hist.high_s), hist.eta_s * 0.1),
+                                hist.source)
+    if current is None and current_span is None:
+        current_span = Span(0.0, 0.0, 0.0, "none")  # no phase, no bar, no template: nothing known to wait for
     if current:
         entry: dict[str, Any] = {"name": current, "state": "running"}
         if current_span is not None:
             entry.update(_span_fields(current_span, now))
         phases_out.append(entry)
-    if current_span is None:
-        current_span = Span(0.0, 0.0, 0.0, "none") if not current else None
     unknown = current_span is None
-    if current_span is not None:
-        total = total + current_span
+    total = current_span or ZERO
 
-    # Later phases: those of the template after the current one (all of it if we don't know where we are).
-    seen_names = {p["name"] for p in done} | ({current} if current else set())
-    later = template[template.index(current) + 1:] if current in template else [p for p in template if p not in seen_names]
+    # Later phases: the template's after the current one (those not seen, if it is not in the template).
+    later = (template[template.index(current) + 1:] if current in template
+             else [p for p in template if p not in done_names and p != current])
     for name in later:
         span = phase_estimate(history, stage, host, profile, name)
         entry = {"name": name, "state": "pending"}
