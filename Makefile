@@ -86,6 +86,10 @@ test-ssh: setup  ## the ssh lab tests: real hosts as network namespaces with the
 bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
 
+.PHONY: bench-eta
+bench-eta: setup  ## ETA accuracy on the log corpus beside tqdm's own ETA (bench/RESULTS.md, ETA)
+	$(VENV)/bin/python bench/bench_eta.py
+
 .PHONY: clean-runs
 clean-runs:  ## forget local runs and the registry (logs/ only; data/ stays)
 	rm -rf logs/local logs/registry.sqlite* logs/locks
