@@ -629,7 +629,30 @@ def run_eta(run: dict, history: History, profile: str, now: float) -> dict | Non
     template = phase_template(history, stage, host, profile)
     current = log.get("phase") or next((p for p in template if p not in done_names), None)
     started = _epoch(run.get("started_at"))
-    in_phase = max(now - started - sum(p["duration_s"] for p in done), 0.0) if started is not None else 0.0
+    run_elapsed = max(now - started, 0.0) if started is not None else None
+    # Time outside every phase (interpreter start, imports, teardown) shows only in whole-run
+    # durations: earlier runs' median of (duration - their phases), spent first.
+    same = history.same(stage, host, profile)
+    gaps = [max(r.duration_s - sum(p.duration_s for p in r.phases), 0.0) for r in same if r.phases]
+    overhead = statistics.median(gaps) if gaps else 0.0
+    log_phases = log.get("phases") or []
+    first_t0 = _epoch(log_phases[0].get("started_at")) if log_phases else None
+    if run_elapsed is None:
+        overhead_left = 0.0
+    elif not log_phases:
+        overhead_left = max(overhead - run_elapsed, 0.0)  # nothing has started yet
+    elif first_t0 is not None and started is not None:
+        overhead_left = max(overhead - (first_t0 - started), 0.0)
+    else:
+        overhead_left = 0.0
+    open_phase = next((p for p in log_phases if p.get("name") == current and p.get("duration_s") is None), {})
+    phase_t0 = _epoch(open_phase.get("started_at"))  # the tailer stamps a phase's start (live)
+    if phase_t0 is not None:
+        in_phase = max(now - phase_t0, 0.0)
+    elif not log_phases:
+        in_phase = max((run_elapsed or 0.0) - overhead, 0.0)
+    else:
+        in_phase = max(run_elapsed - sum(p["duration_s"] for p in done), 0.0) if run_elapsed is not None else 0.0
 
     phases_out: list[dict] = [{"name": p["name"], "state": "done", "duration_s": p["duration_s"]} for p in done]
     if current in READY_PHASES:
@@ -665,6 +688,9 @@ def run_eta(run: dict, history: History, profile: str, now: float) -> dict | Non
             entry.update(_span_fields(span, now, start=total))
             total = total + span
         phases_out.append(entry)
+    if overhead_left > 0 and not unknown:
+        total = total + Span(overhead_left, overhead_left / (1 + HISTORY_WIDEN), overhead_left * (1 + HISTORY_WIDEN),
+                             total.source)
     out: dict[str, Any] = {"phases": phases_out}
     if unknown:
         out.update({"eta_s": None, "eta_low_s": None, "eta_high_s": None, "finish_at": None,
