@@ -358,3 +358,16 @@ def test_run_without_phases_counts_its_elapsed_time():
     out = annotate(status, {"phases": rows}, NOW)
     assert out["runs"][0]["eta"]["eta_s"] == 30.0
     assert out["pipeline"]["eta_s"] == 30.0
+
+
+def test_registry_whole_run_row_beside_phases_is_the_run_not_a_phase():
+    rows = [{"run_id": "train-a", "stage": "train", "host": "h", "profile": "p", "phase": name, "duration_s": d}
+            for name, d in (("training", 200.0), ("checkpointing", 20.0), ("validation", 30.0), ("__run__", 257.0))]
+    hist = History.from_dict({"phases": rows})
+    (run,) = hist.runs
+    assert [p.name for p in run.phases] == ["training", "checkpointing", "validation"] and run.duration_s == 257.0
+    # 7 s outside the phases (start-up): a run just started has it all ahead.
+    status = {"schema": 1, "profile": "p", "stages": [stage("train", [], "train-b", "running") | {"host": "h"}],
+              "runs": [{"id": "train-b", "stage": "train", "host": "h", "state": "running",
+                        "started_at": "2026-11-29T21:00:00Z", "log_state": {"phase": None, "phases": [], "progress": None}}]}
+    assert annotate(status, {"phases": rows}, NOW)["runs"][0]["eta"]["eta_s"] == pytest.approx(257.0)

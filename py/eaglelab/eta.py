@@ -507,13 +507,16 @@ def _runs_from_phase_rows(rows: list[dict]) -> list[RunRecord]:
         try:
             phases = tuple(PhaseRecord(str(p["phase"]), float(p["duration_s"]), _opt_float(p.get("items")),
                                        _opt_float(p.get("rate_s_per_item", p.get("s_per_item"))))
-                           for p in prows if p.get("duration_s") is not None)
+                           for p in prows if p.get("duration_s") is not None and p["phase"] != WHOLE_RUN)
+            whole = [float(p["duration_s"]) for p in prows if p["phase"] == WHOLE_RUN and p.get("duration_s") is not None]
         except (TypeError, ValueError) as e:
             raise RegistryError(f"ETA history phases of run {run_id}: {e}; duration_s, items and "
                                 f"rate_s_per_item are numbers (docs/interfaces.md, ETA)") from None
         first = prows[0]
+        # `__run__` is the whole run (it includes time outside every phase), not one more phase.
+        duration = whole[-1] if whole else sum(p.duration_s for p in phases)
         out.append(RunRecord(stage=str(first["stage"]), host=str(first.get("host") or ""),
-                             profile=str(first.get("profile") or ""), duration_s=sum(p.duration_s for p in phases),
+                             profile=str(first.get("profile") or ""), duration_s=duration,
                              phases=phases, run_id=run_id, ended_at=prows[-1].get("ended_at")))
     return out
 
@@ -529,7 +532,14 @@ def _from_durations(durations: list[float], source: str, widen: float) -> Span:
 
 def phase_estimate(history: History, stage: str, host: str, profile: str, phase: str) -> Span | None:
     """How long a phase that has not begun will take: same stage+host+profile history, else the
-    expected size times a rate measured elsewhere, else the same phase elsewhere (wide range)."""
+    expected size times a rate measured elsewhere, else the same phase elsewhere (wide range).
+    WHOLE_RUN: the whole run of a stage whose runs name no phases."""
+    if phase == WHOLE_RUN:
+        same = [r.duration_s for r in history.same(stage, host, profile)]
+        if same:
+            return _from_durations(same, "history", HISTORY_WIDEN)
+        other = [r.duration_s for r in history.other(stage)]
+        return _from_durations(other, "other_host", OTHER_WIDEN) if other else None
     same = [p.duration_s for r in history.same(stage, host, profile) for p in r.phases if p.name == phase]
     if same:
         return _from_durations(same, "history", HISTORY_WIDEN)
@@ -549,7 +559,7 @@ def phase_template(history: History, stage: str, host: str, profile: str) -> lis
         for r in reversed(runs):
             if r.phases:
                 return [p.name for p in r.phases]
-    return []
+    return [WHOLE_RUN] if history.other(stage) else []  # runs known, phases not: the run is one phase
 
 
 def run_duration_estimate(history: History, stage: str, host: str, profile: str) -> Span | None:
