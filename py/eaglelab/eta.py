@@ -810,8 +810,8 @@ def annotate(status: dict, history: dict | History | None, now: float) -> dict:
                     "eta_high_s": None if m["high"] is None else round(max(m["high"] - now, 0.0), 3),
                     "finish_at": _iso(m["eta"]), "finish_low_at": _iso(m["low"]),
                     "finish_high_at": _iso(m["high"]), "source": m["source"]}
-        if m.get("start") is not None and m["state"] != "running":
-            s["eta"]["start_at"] = _iso(m["start"])
+        if m.get("start") is not None and m["state"] != "running" and m["eta"] is not None:
+            s["eta"]["start_at"] = _iso(m["start"])  # (no start time for a stage whose finish is unknown)
         if m.get("assumes_rerun"):
             s["eta"]["assumes_rerun"] = True
     out["stages"] = stages
