@@ -371,3 +371,15 @@ def test_registry_whole_run_row_beside_phases_is_the_run_not_a_phase():
               "runs": [{"id": "train-b", "stage": "train", "host": "h", "state": "running",
                         "started_at": "2026-11-29T21:00:00Z", "log_state": {"phase": None, "phases": [], "progress": None}}]}
     assert annotate(status, {"phases": rows}, NOW)["runs"][0]["eta"]["eta_s"] == pytest.approx(257.0)
+
+
+def test_a_ready_service_is_done_for_the_pipeline():
+    hist = {"runs": [{"stage": "serve", "host": "gpu1", "profile": "demo", "duration_s": 300},
+                     {"stage": "synth", "host": "gpu1", "profile": "demo", "duration_s": 600}]}
+    serve_run = {"id": "serve-1", "stage": "serve", "host": "gpu1", "state": "running", "kind": "service",
+                 "started_at": "2026-11-29T20:00:00Z", "log_state": {"phase": None, "phases": [], "ready": True}}
+    status = {"schema": 1, "profile": "demo", "runs": [serve_run],
+              "stages": [stage("serve", [], "serve-1", "running"), stage("synth", ["serve"])]}
+    out = annotate(status, hist, NOW)
+    assert out["runs"][0]["eta"]["eta_s"] == 0.0
+    assert out["pipeline"]["eta_s"] == 600.0 and out["pipeline"]["critical_path"] == ["serve", "synth"]

@@ -665,8 +665,8 @@ def run_eta(run: dict, history: History, profile: str, now: float) -> dict | Non
         in_phase = max(run_elapsed - sum(p["duration_s"] for p in done), 0.0) if run_elapsed is not None else 0.0
 
     phases_out: list[dict] = [{"name": p["name"], "state": "done", "duration_s": p["duration_s"]} for p in done]
-    if current in READY_PHASES:
-        current_span: Span | None = ZERO
+    if current in READY_PHASES or (run.get("kind") == "service" and log.get("ready")):
+        current_span: Span | None = ZERO  # a service that is up: done, as far as the pipeline waits
     else:
         current_span = _progress_span(log.get("progress"), now)
         hist = phase_estimate(history, stage, host, profile, current) if current and current_span is None else None
