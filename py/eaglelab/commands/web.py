@@ -23,9 +23,7 @@ from ..errors import ConfigError
 def web(ctx: click.Context, host: str | None, port: int | None, refresh_s: float, read_token: bool,
         access_log: bool) -> None:
     """Serve the status page, /api/status and /metrics (actions need the token in $EAGLELAB_TOKEN)."""
-    from werkzeug.serving import make_server
-
-    from status_web import create_app
+    from status_web import create_app, server as web_server
 
     lab = ctx.obj.lab
     wcfg = lab.cfg.lab.web
@@ -37,9 +35,9 @@ def web(ctx: click.Context, host: str | None, port: int | None, refresh_s: float
                           f"variable)")
     if not access_log:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    app = create_app(lab, token=token, read_token=read_token, refresh_s=refresh_s)
+    app = create_app(lab, token=token, read_token=read_token, refresh_s=refresh_s, refresher="process")
     try:
-        server = make_server(host, port, app, threaded=True)
+        server = web_server.make(app, host, port)
     except OSError as e:
         raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another with --port "
                           f"or lab.yaml web.port") from None
