@@ -92,11 +92,11 @@ class FailureRecognizer:
             del self._tb[prefix]
             reason = classify(text)
             return Candidate(reason or "python_exception", text, lineno, prefix, reason is not None)
-        if indented:
-            return None
-        reason = classify(text)
+        reason = classify(text)  # indented too: torchrun's failure summary is (`  exitcode  : -9`)
         if reason is not None:
             return Candidate(reason, text, lineno, prefix, True)
+        if indented:
+            return None
         m = _EXC_RE.fullmatch(text)
         if m is not None and _FATAL_NAME_RE.search(m.group("name")) and not text.startswith(_NOT_EXC):
             return Candidate("python_exception", text, lineno, prefix, False)

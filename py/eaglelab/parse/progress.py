@@ -32,6 +32,8 @@ _BAR_RE = re.compile(
     rf"\[(?P<elapsed>{_TIME}|\?)(?:<(?P<remaining>{_TIME}|\?))?(?:,\s*(?P<rest>.*))?\]\s*$"
 )
 _RATE_RE = re.compile(r"\s*(?P<val>\?|\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s?(?P<si>[kKMGTPEZY]?)(?P<unit>s/\S+|[^\s/]+/s)\s*$")
+# The `[elapsed<remaining, rate, postfix]` block that closes a frame, wherever it is in a line.
+_CLOSE_RE = re.compile(rf"\[(?:{_TIME}|\?)(?:<(?:{_TIME}|\?))?(?:,[^\]]*)?\]")
 _NUM_RE = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)([kKMGTPEZY]?)$")
 
 
@@ -158,6 +160,18 @@ def parse_bar(message: str, prefix: str = "") -> Progress | None:
         rate=rate, rate_unit=rate_unit or "", rate_s_per_it=s_per_it,
         postfix=_postfix(post_items), prefix=prefix,
     )
+
+
+def split_glued(message: str) -> tuple[str, str] | None:
+    """A bar frame with text glued after it (a log line written right after a \\r-frame, no newline):
+    (frame, rest), or None. `Training:  22%|█ | 14/64 [00:07<00:17, 2.94step/s]2026-07-07 ... INFO ...`
+    """
+    if "%" not in message and "it [" not in message:
+        return None
+    m = _CLOSE_RE.search(message)
+    if m is None or m.end() >= len(message):
+        return None
+    return message[: m.end()], message[m.end():]
 
 
 def _rejoin(items: list[str]) -> list[str]:

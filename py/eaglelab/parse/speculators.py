@@ -18,15 +18,16 @@ import re
 from .events import END, Event, metric, num, phase_end, phase_start
 
 _EPOCH_RE = re.compile(r"(?P<kind>Training|Validation) epoch (?P<e>\d+)/(?P<n>\d+) (?P<what>started|completed)")
-_KV_RE = re.compile(r"([A-Za-z_][\w./-]*)=([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))(?=,|\s*$)")
-_METRIC_LINE_RE = re.compile(r"^\s*[A-Za-z_][\w./-]*=[^,]+(?:, [A-Za-z_][\w./-]*=[^,]+)+\s*$")
+_KV_RE = re.compile(r"([A-Za-z_][\w./-]*)=([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))(?=,|\s|$)")
+# Only k=v pairs, joined by ', ' (speculators) or spaces (most other trainers); at least two of them.
+_METRIC_LINE_RE = re.compile(r"^\s*[A-Za-z_][\w./-]*=[^,\s]+(?:(?:,\s*|\s+)[A-Za-z_][\w./-]*=[^,\s]+)+\s*$")
 _PROCESSING_RE = re.compile(r"^Processing (?P<n>\d+) samples")
 _FOUND_RE = re.compile(r"^Found (?P<n>\d+) existing samples")
 _TIMING_RE = re.compile(r"^Timing: (?P<el>[\d.]+)s elapsed, (?P<sps>[\d.]+) samples/s")
 _SAVED_RE = re.compile(r"^Saved (?P<n>\d+) new data points")
 _SKIPPED_RE = re.compile(r"Skipped (?P<n>\d+) samples due to errors")
 _PIPELINE_RE = re.compile(r"Pipeline complete in (?P<s>[\d.]+)s: (?P<n>\d+) conversations \((?P<ok>\d+) ok, (?P<err>\d+) errors")
-_COUNTERS = ("global_step", "epoch")
+_COUNTERS = ("global_step", "step", "epoch")
 
 _GATE = ("=", "epoch", "heckpoint", "Processing", "Found", "Timing", "Saved", "Skipped", "complete", "Preparing",
          "preparing", "Writing dataset", "EAGLE Offline")
@@ -86,11 +87,16 @@ def recognize(msg: str) -> list[Event]:
     return []
 
 
+# A metric line names something a trainer measures; `world_size=1, rank=0` (vLLM's setup) does not.
+_METRIC_KEY_RE = re.compile(r"/|loss|acc|lr$|grad_norm|perplexity|tokens_per_s")
+
+
 def _metric_line(msg: str) -> list[Event]:
     pairs = {k: v for k, v in _KV_RE.findall(msg)}
-    if not pairs:
+    if not pairs or not any(_METRIC_KEY_RE.search(k) for k in pairs):
         return []
-    step = num(pairs["global_step"]) if "global_step" in pairs else None
+    step_key = "global_step" if "global_step" in pairs else "step" if "step" in pairs else None
+    step = num(pairs[step_key]) if step_key else None
     if step is None and "epoch" in pairs and any(k.startswith("val/") for k in pairs):
         step = num(pairs["epoch"])
     return [metric(k, float(v), step) for k, v in pairs.items() if k not in _COUNTERS]

@@ -15,7 +15,7 @@ from .bars import BarBook, BarTrack, estimate_eta_s
 from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, Event
 from .failures import Candidate, FailureRecognizer
 from .prefixes import split_prefix
-from .progress import parse_bar
+from .progress import parse_bar, split_glued
 from .records import LogClock, parse_record
 from .stall import check_stall
 
@@ -54,6 +54,8 @@ class LogState:
         self.stuck_stats = 0
         self.stats_message = ""
         self._log_t: float | None = None
+        self.last_line = ""       # the last non-blank line: what a failure without a named reason shows
+        self.last_line_no: int | None = None
 
     # ---- input -------------------------------------------------------------------------------
 
@@ -69,16 +71,38 @@ class LogState:
         self.frames += 1
         self.feed_line(text, lineno, now)
 
+    def feed_provisional(self, text: str, lineno: int, now: float | None = None) -> None:
+        """The newest, not yet terminated frame (live tailing): only a progress bar is read from it.
+
+        It comes again once terminated; the bar book takes the repeat as no news.
+        """
+        try:
+            split = split_prefix(strip_ansi(text))
+            p = parse_bar(split.message, split.prefix)
+            if p is not None:
+                self._on_bar(p, lineno, now)
+        except Exception:  # noqa: BLE001
+            self.bad_lines += 1
+
     def _feed(self, text: str, lineno: int, now: float | None) -> None:
         if not text:
             return
         split = split_prefix(strip_ansi(text))
         prefix, msg = split.prefix, split.message
+        if msg.strip():
+            self.last_line, self.last_line_no = msg.strip()[:500], lineno
         if msg.endswith("]"):
             p = parse_bar(msg, prefix)
             if p is not None:
                 self._on_bar(p, lineno, now)
                 return
+        elif "]" in msg:
+            glued = split_glued(msg)
+            if glued is not None:
+                p = parse_bar(glued[0], prefix)
+                if p is not None:
+                    self._on_bar(p, lineno, now)
+                    msg = glued[1]
         rec = parse_record(msg)
         if rec.time is not None:
             self._log_t = self.clock.seconds(rec)
@@ -252,6 +276,7 @@ class LogState:
             "frames": self.frames,
             "ready": self.ready_line is not None,
             "end_marker": self.done_message or None,
+            "last_line": self.last_line or None,
             "stall": None if stall is None else {"reason": stall.reason, "message": stall.message, "idle_s": stall.idle_s},
             "failures_survived": self.dismissed,
             "progress_bars": [_bar_summary(t, include_history) for t in self.bars.bars.values()],
@@ -328,7 +353,8 @@ def combine_with_exit(log_state: dict, exit_info: dict) -> dict:
                 failure = {"reason": "timeout", "line": None, "process": None, "message": "exit code 124 (timeout)"}
             else:
                 what = f"signal {sig} ({exit_info.get('signal_name')})" if sig is not None else f"exit code {code}"
+                last = log_state.get("last_line")
                 failure = {"reason": "other", "line": None, "process": None,
-                           "message": f"ended by {what}; the log names no reason"}
+                           "message": f"ended by {what}; last line: {last}" if last else f"ended by {what}; the log is empty"}
         out.update(state="failed", failure=failure)
     return out

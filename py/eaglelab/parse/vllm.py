@@ -24,7 +24,7 @@ _GRAPH_DONE_RE = re.compile(r"Graph capturing finished in (?P<s>[\d.]+) sec")
 _INIT_DONE_RE = re.compile(r"init engine \(.*\) took (?P<s>[\d.]+) s")
 _STATS_RE = re.compile(
     r"Avg prompt throughput: (?P<p>[\d.]+) tokens/s, Avg generation throughput: (?P<g>[\d.]+) tokens/s"
-    r"(?:.*?Running: (?P<r>\d+) reqs)?(?:.*?(?:Waiting|Pending): (?P<w>\d+) reqs)?(?:.*?GPU KV cache usage: (?P<kv>[\d.]+)%)?")
+    r"(?:.*?Running: (?P<r>\d+) reqs)?(?:.*?(?:Waiting|Pending): (?P<w>\d+) reqs)?(?:.*?KV cache usage: (?P<kv>[\d.]+)%)?")
 _SPEC_RE = re.compile(r"Mean acceptance length: (?P<len>[\d.]+)(?:.*?Avg Draft acceptance rate: (?P<rate>[\d.]+)%)?")
 _SPEC_OLD_RE = re.compile(r"Draft acceptance rate: (?P<rate>[\d.]+)")
 
@@ -87,7 +87,7 @@ def recognize(msg: str) -> list[Event]:
         return [phase_end("cuda_graph_capture", num(m.group("s")))]
     m = _INIT_DONE_RE.search(msg)
     if m:
-        return [phase_end("engine_init")]
+        return [phase_end("engine_init", num(m.group("s")))]
     if "Starting vLLM API server" in msg or msg.startswith("Started server process"):
         return [phase_start("api_server_starting")]
     if "Available KV cache memory" in msg or "Memory profiling takes" in msg:

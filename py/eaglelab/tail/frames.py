@@ -14,29 +14,39 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 LineSink = Callable[[str, int], None]   # (text, lineno)
 
 MAX_LINE = 64 * 1024
+# How a tqdm frame ends: `[elapsed<remaining, rate, postfix]` or `[elapsed, rate]`.
+_FRAME_END_RE = re.compile(rb"\[(?:\d+ days?, )?\d+(?::\d\d){1,2}(?:<[^\]]*)?(?:,[^\]]*)?\]$")
 SAMPLE = 8
 
 
 class FrameSplitter:
-    def __init__(self, on_line: LineSink, on_frame: LineSink, max_line: int = MAX_LINE, sample: int = SAMPLE) -> None:
+    def __init__(self, on_line: LineSink, on_frame: LineSink, max_line: int = MAX_LINE, sample: int = SAMPLE,
+                 on_provisional: LineSink | None = None) -> None:
         self.on_line = on_line
         self.on_frame = on_frame
+        # Live tailing only: the newest tqdm frame, before its terminator comes (it is delivered
+        # again, as usual, once terminated). tqdm writes '\r' + frame, so for a slow bar the
+        # terminator comes minutes later, with the next frame.
+        self.on_provisional = on_provisional
         self.max_line = max_line
         self.sample = sample
         self.lines = 0           # complete lines so far
         self.bad = 0             # lines/frames cut for length or with invalid UTF-8
         self._partial = b""      # bytes after the last terminator (at most max_line)
-        self._skipping = False   # inside an over-long line/frame whose head was kept
+        self._skipping = False   # inside an over-long line/frame whose head was handed over
+        self._held: bytes | None = None  # the partial frame last handed to on_provisional
 
     def reset(self) -> None:
         """The file was truncated or replaced: forget the partial line (counters go on)."""
         self._partial = b""
         self._skipping = False
+        self._held = None
 
     def feed(self, data: bytes) -> None:
         if not data:
@@ -63,6 +73,7 @@ class FrameSplitter:
             self._line(self._partial)
             self._partial = b""
             self._skipping = False
+        self._held = None
 
     # A complete line (without its \n): frames then the visible text.
     def _line(self, line: bytes) -> None:
@@ -82,23 +93,26 @@ class FrameSplitter:
 
     # Bytes after the last newline: complete \r-frames now, the rest waits.
     def _tail(self, buf: bytes) -> None:
-        last_cr = buf.rfind(b"\r")
-        if last_cr >= 0:
-            self._frames(buf[:last_cr].split(b"\r"), self.lines + 1)
-            buf = buf[last_cr + 1:]
+        # A trailing \r may be half of a \r\n: the frame before it waits for the next byte.
+        end = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
+        start = buf.rfind(b"\r", 0, end) + 1
+        if start > 0:
+            self._frames(buf[: start - 1].split(b"\r"), self.lines + 1)
+        buf = buf[start:]
         if len(buf) > self.max_line:
             self.bad += 1
-            # Keep the head as the partial line; skip the rest up to the next terminator.
-            self._partial = buf[: self.max_line]
+            # Hand over the head now and skip the rest up to the next terminator: memory stays bounded.
+            self.on_frame(self._decode(buf[: self.max_line]), self.lines + 1)
+            self._partial = b""
             self._skipping = True
-            self._emit_cut_partial()
-        else:
-            self._partial = buf
-
-    def _emit_cut_partial(self) -> None:
-        """An over-long partial line is handed over now (its head), so that memory stays bounded."""
-        self.on_frame(self._decode(self._partial), self.lines + 1)
-        self._partial = b""
+            self._held = None
+            return
+        self._partial = buf
+        if self.on_provisional is not None:
+            core = buf.rstrip(b"\r ")
+            if core.endswith(b"]") and core != self._held and _FRAME_END_RE.search(core[-400:]):
+                self._held = core
+                self.on_provisional(core.decode("utf-8", "replace"), self.lines + 1)
 
     def _frames(self, frames: list[bytes], lineno: int) -> None:
         frames = [f for f in frames if f]

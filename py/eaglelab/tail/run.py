@@ -33,7 +33,7 @@ class RunFollower:
         self.state = LogState()
         self.reader = FileFollower(self.run_dir / "output.log")
         self._now: float | None = None
-        self.splitter = FrameSplitter(self._line, self._frame)
+        self.splitter = FrameSplitter(self._line, self._frame, on_provisional=self._provisional)
         self.dirty = True
         self.last_write = 0.0
         self.write_cost_s = 0.0
@@ -44,6 +44,9 @@ class RunFollower:
 
     def _frame(self, text: str, lineno: int) -> None:
         self.state.feed_frame(text, lineno, self._now)
+
+    def _provisional(self, text: str, lineno: int) -> None:
+        self.state.feed_provisional(text, lineno, self._now)
 
     def read(self) -> int:
         """Read what was appended; returns the number of bytes."""

@@ -1,0 +1,94 @@
+"""FrameSplitter: bytes in, lines and \\r-frames out, bounded, whatever the chunking."""
+
+from __future__ import annotations
+
+from eaglelab.tail.frames import FrameSplitter
+
+
+class Sink:
+    def __init__(self, **kw):
+        self.lines: list[tuple[str, int]] = []
+        self.frames: list[tuple[str, int]] = []
+        self.sp = FrameSplitter(lambda t, n: self.lines.append((t, n)), lambda t, n: self.frames.append((t, n)), **kw)
+
+
+def run(chunks, **kw) -> Sink:
+    s = Sink(**kw)
+    for c in chunks:
+        s.sp.feed(c)
+    return s
+
+
+def test_lines_frames_and_visible_text():
+    s = run([b"start\n\rbar 1%\rbar 2%\rbar 3%\ndone\r\n"])
+    assert s.lines == [("start", 1), ("bar 3%", 2), ("done", 3)]
+    assert s.frames == [("bar 1%", 2), ("bar 2%", 2)]
+    assert s.sp.lines == 3
+
+
+def test_partial_last_line_waits_for_its_end_then_flush():
+    s = run([b"one\ntw"])
+    assert s.lines == [("one", 1)]
+    s.sp.feed(b"o\nthr")
+    assert s.lines == [("one", 1), ("two", 2)]
+    s.sp.flush()
+    assert s.lines[-1] == ("thr", 3) and s.sp.lines == 3
+
+
+def test_any_chunking_gives_the_same_lines():
+    data = b"a\r\nbar 1%\rbar 2%\rbar 3%\nx\xc3\xa9y\n\r\rz\n"
+    whole = run([data])
+    bytewise = run([data[i:i + 1] for i in range(len(data))])
+    assert bytewise.lines == whole.lines
+    assert [t for t, _ in bytewise.frames] == [t for t, _ in whole.frames]
+
+
+def test_invalid_utf8_is_replaced_and_counted():
+    s = run([b"ok\n\xff\xfebad\n"])
+    assert s.lines[1] == ("\ufffd\ufffdbad", 2)
+    assert s.sp.bad == 1
+
+
+def test_overlong_line_is_cut_and_memory_stays_bounded():
+    s = run([b"x" * 50 + b"\n"], max_line=16)
+    assert s.lines == [("x" * 16, 1)] and s.sp.bad == 1
+    # A line that never ends within one read: its head is handed over, the rest skipped, not kept.
+    t = Sink(max_line=16)
+    for _ in range(1000):
+        t.sp.feed(b"y" * 1000)
+        assert len(t.sp._partial) <= 16
+    t.sp.feed(b"tail\nnext\n")
+    assert t.frames[0] == ("y" * 16, 1)
+    assert t.lines == [("", 1), ("next", 2)]
+    assert t.sp.lines == 2 and t.sp.bad == 1
+
+
+def test_long_frame_runs_are_decimated_but_keep_the_last_frame():
+    frames = b"".join(b"\rbar %d" % i for i in range(1000)) + b"\rnext"
+    s = run([frames], sample=8)
+    got = [t for t, _ in s.frames]
+    assert len(got) == 9 and got[0] == "bar 0" and got[-1] == "bar 999"
+    small = run([b"\rbar 1\rbar 2\rbar 3\r", b"x"], sample=8)
+    assert [t for t, _ in small.frames] == ["bar 1", "bar 2", "bar 3"]
+
+
+def test_reset_forgets_the_partial_line():
+    s = run([b"abc\npartial"])
+    s.sp.reset()
+    s.sp.feed(b"fresh\n")
+    assert s.lines == [("abc", 1), ("fresh", 2)]
+
+
+def test_live_the_newest_frame_is_handed_over_before_its_terminator_comes():
+    prov: list[str] = []
+    s = Sink(on_provisional=lambda t, n: prov.append(t))
+    s.sp.feed(b"\rLoading:  10%|# | 1/10 [00:30<04:30, 30.00s/it]")
+    assert prov == ["Loading:  10%|# | 1/10 [00:30<04:30, 30.00s/it]"]  # not held back for 30 s
+    assert s.frames == []
+    s.sp.feed(b"\rLoading:  20%|## | 2/10 [01:00<04:00, 30.00s/it]  ")
+    s.sp.feed(b"\n")
+    assert prov[-1] == "Loading:  20%|## | 2/10 [01:00<04:00, 30.00s/it]"
+    assert [t for t, _ in s.frames] == ["Loading:  10%|# | 1/10 [00:30<04:30, 30.00s/it]"]
+    assert s.lines == [("Loading:  20%|## | 2/10 [01:00<04:00, 30.00s/it]  ", 1)]  # delivered as usual too
+    s.sp.feed(b"OSError: [Errno 28]")
+    assert len(prov) == 2  # only what ends like a tqdm frame is handed over early

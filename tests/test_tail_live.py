@@ -1,0 +1,158 @@
+"""The tailer on files that real processes write while it watches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from eaglelab.commands.parse import tail_cmd
+from eaglelab.fsutil import read_json
+from eaglelab.tail import follow_run, run_state
+from eaglelab.tail.run import RunFollower
+
+ROOT = Path(__file__).resolve().parents[1]
+TQDM_CHILD = r"""
+import sys, time
+from tqdm import tqdm
+print("eaglelab: phase work started", flush=True)
+for i in tqdm(range(int(sys.argv[1])), desc="Working", mininterval=0, file=sys.stderr):
+    time.sleep(float(sys.argv[2]))
+print("eaglelab: done", flush=True)
+"""
+
+
+def wait_for(cond, timeout=30.0, every=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError("condition not met in time")
+
+
+class Following:
+    """follow_run in a thread, as jobwrap runs it."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=follow_run, args=(run_dir, self.stop), daemon=True)
+        self.thread.start()
+
+    def state(self) -> dict | None:
+        return read_json(self.run_dir / "state.json")
+
+    def finish(self) -> dict:
+        self.stop.set()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        return self.state()
+
+
+def test_a_child_writing_tqdm_frames_is_followed_live(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    f = Following(run)
+    with open(run / "output.log", "wb") as log:
+        child = subprocess.Popen([sys.executable, "-c", TQDM_CHILD, "30", "0.05"], stdout=log, stderr=log)
+        mid = wait_for(lambda: (s := f.state()) and s["progress"] and 0 < s["progress"]["n"] < 30 and s)
+        assert mid["state"] == "running" and mid["phase"] == "work" and mid["progress"]["label"] == "Working"
+        assert child.wait(30) == 0
+    final = f.finish()
+    assert final["state"] == "completed" and final["final"] is True
+    assert final["progress"]["n"] == 30 and final["progress"]["total"] == 30
+    assert final["frames"] >= 10                     # it saw the \r-frames, not just the end
+    assert final["lines"] == (run / "output.log").read_bytes().count(b"\n")
+    assert final["log_bytes"] == (run / "output.log").stat().st_size
+
+
+def test_a_log_that_appears_after_the_watcher_started(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    f = Following(run)
+    time.sleep(0.2)
+    (run / "output.log").write_bytes(b"INFO:     Application startup complete.\n")
+    s = wait_for(lambda: (s := f.state()) and s["ready"] and s)
+    assert s["phase"] == "serving"
+    f.finish()
+
+
+def test_truncation_and_rotation_restart_from_the_top(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    log = run / "output.log"
+    log.write_bytes(b"one\ntwo\nthree\n")
+    fol = RunFollower(run)
+    fol.read()
+    assert fol.state.lines == 3
+    log.write_bytes(b"x\n")                                   # truncated (reopened with 'w')
+    fol.read()
+    assert fol.reader.resets == 1 and fol.state.lines == 4
+    with open(log, "ab") as f:                                # renamed away while more was written ...
+        f.write(b"tail of the old file\n")
+    log.rename(run / "output.log.1")
+    log.write_bytes(b"Training epoch 1/1 completed\n")       # ... and a new file took its place
+    fol.read()
+    assert fol.reader.resets == 2 and fol.state.lines == 6   # the old file's tail was read first
+    assert fol.write(final=True)["state"] == "completed"
+
+
+def test_a_partial_last_line_counts_at_the_final_pass(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "output.log").write_bytes(b"ok\nModuleNotFoundError: No module named 'x'")
+    f = Following(run)
+    s = wait_for(lambda: f.state())
+    assert s["lines"] == 1 and s["failure"] is None
+    final = f.finish()
+    assert final["lines"] == 2 and final["failure"]["reason"] == "import_error"
+
+
+def jobwrap(run_dir: Path, code: str) -> dict:
+    subprocess.run([str(ROOT / "bin" / "jobwrap"), "--run-dir", str(run_dir), "--", sys.executable, "-c", code],
+                   check=False, timeout=120)
+    return run_state(run_dir)
+
+
+@pytest.mark.parametrize("code,state,reason", [
+    ("import os, signal; print('loading', flush=True); os.kill(os.getpid(), signal.SIGKILL)", "failed", "host_oom_killed"),
+    ("open('/dev/full', 'w').write('x' * 10**6)", "failed", "disk_full"),
+    ("import eaglelab_no_such_module", "failed", "import_error"),
+    ("raise SystemExit('bad config: key train.lr must be a number')", "failed", "other"),
+    ("print('all good, no end marker')", "completed", None),
+])
+def test_under_jobwrap_the_final_state_combines_log_and_exit(tmp_path, code, state, reason):
+    s = jobwrap(tmp_path / "run", code)
+    assert s["state"] == state, s
+    assert (s["failure"] or {}).get("reason") == reason
+    assert s["final"] is True and s["exit"] is not None
+    if reason == "other":
+        assert s["failure"]["message"] == "ended by exit code 1; last line: bad config: key train.lr must be a number"
+
+
+def test_lab_tail_once_writes_every_run_of_a_runs_directory(tmp_path):
+    runs = tmp_path / "runs"
+    for name, text in (("a", b"Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01, 1.00s/it]\n"),
+                       ("b", b"Data generation complete!\n")):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "output.log").write_bytes(text)
+    (runs / "b" / "exit.json").write_text(json.dumps({"schema": 1, "exit_code": 0, "signal": None}))
+    result = CliRunner().invoke(tail_cmd, [str(runs), "--once"])
+    assert result.exit_code == 0, result.output
+    a, b = read_json(runs / "a" / "state.json"), read_json(runs / "b" / "state.json")
+    assert a["state"] == "running" and a["progress"]["n"] == 1
+    assert b["state"] == "completed" and b["exit"]["exit_code"] == 0
+
+
+def test_lab_tail_names_a_missing_directory(tmp_path):
+    result = CliRunner().invoke(tail_cmd, [str(tmp_path / "nope"), "--once"])
+    assert result.exit_code == 2 and "is not a directory" in result.output
