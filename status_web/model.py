@@ -106,7 +106,9 @@ def eta_view(fin: dict | None, now: float, source: str = "") -> dict | None:
         return None
     rng = ""
     if fin.get("low") is not None and fin.get("high") is not None:
-        rng = f"{fmt_clock(fin['low'], now)}–{fmt_clock(fin['high'], now)}"
+        lo, hi = fmt_clock(fin["low"], now), fmt_clock(fin["high"], now)
+        # within one minute the clock says nothing: give the range as time from now
+        rng = f"{lo}–{hi}" if lo != hi else f"{fmt_duration(fin['low'] - now)}–{fmt_duration(fin['high'] - now)}"
     return {"clock": fmt_clock(fin["at"], now), "range": rng, "in": fmt_duration(fin["at"] - now),
             "source": source, **fin}
 
@@ -247,6 +249,14 @@ def _timeline_row(stage: dict, run: dict | None, runs: list[dict], ends: dict, n
         segs.append({"kind": state, "start": start, "end": end,
                      "tip": f"{name}: {state}, {fmt_duration(end - start)}"})
         ends[name] = end if state == "completed" else now
+        again = mapping(stage.get("eta"))
+        fin = finish_times(again, now)
+        if again.get("assumes_rerun") and fin and fin["at"] > now:  # upstream reruns: so will this
+            begin = ts(again.get("start_at")) or deps_end
+            segs.append({"kind": "predicted", "start": begin, "end": fin["at"], "low": fin.get("low"),
+                         "high": fin.get("high"), "tip": f"{name}: rerun predicted {fmt_clock(begin, now)}–"
+                                                         f"{fmt_clock(fin['at'], now)}"})
+            ends[name] = fin["at"]
     elif run and start is not None and state in ("running", "stalled", "unreachable"):
         segs.append({"kind": state, "start": start, "end": now, "tip": f"{name}: {state} for {fmt_duration(now - start)}"})
         fin, _src = run_finish(run, stage, now)
