@@ -71,7 +71,7 @@ def main() -> None:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=2) as r:
                     st = json.load(r)
                 run = next(r for r in st["runs"] if r["stage"] == "extract" and r["state"] == "running")
-                if ((run.get("log_state") or {}).get("progress") or {}).get("n", 0) >= 20:
+                if ((run.get("log_state") or {}).get("progress") or {}).get("n", 0) >= 24:
                     break
             except (OSError, StopIteration):
                 pass

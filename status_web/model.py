@@ -310,11 +310,12 @@ def bar_history(log_state: Any) -> list[tuple[float, float]]:
 def seconds_per_item(samples: list[tuple[float, float]], resolution_s: float = 1.0,
                      max_points: int = 120) -> list[tuple[float, float]]:
     """(item index, seconds per item) over the run: consecutive samples joined until they span at
-    least resolution_s (tqdm prints whole seconds) and one item, and more when there are many."""
+    least one item and enough time that tqdm's whole-second clock errs by ~10% at most (10
+    resolutions), less when the bar is still short (8 points at least), more when there are many."""
     if len(samples) < 2:
         return []
     span = samples[-1][0] - samples[0][0]
-    min_dt = max(resolution_s, span / max_points)
+    min_dt = max(resolution_s, min(10 * resolution_s, span / 8), span / max_points)
     out = []
     a = samples[0]
     for b in samples[1:]:
