@@ -86,6 +86,18 @@ test-ssh: setup  ## the ssh lab tests: real hosts as network namespaces with the
 bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
 
+.PHONY: test-stages
+test-stages: $(VENV)/.installed  ## the pipeline stages' fast unit tests
+	$(VENV)/bin/python -m pytest tests/test_stages_unit.py -q $(PYTEST_ARGS)
+
+.PHONY: test-pipeline
+test-pipeline: $(VENV)/.installed  ## the pipeline end to end on CPU through lab run, real vLLM + speculators (~10 min)
+	$(VENV)/bin/python -m pytest tests/test_pipeline_e2e.py -q $(PYTEST_ARGS)
+
+.PHONY: gpu-wheels
+gpu-wheels:  ## download the wheels bench/gpu_stages.sh installs on a GPU machine (into .whl/gpu)
+	bench/gpu_fetch_wheels.sh
+
 .PHONY: clean-runs
 clean-runs:  ## forget local runs and the registry (logs/ only; data/ stays)
 	rm -rf logs/local logs/registry.sqlite* logs/locks

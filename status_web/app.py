@@ -125,7 +125,8 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
     def current():
         s = snap.current
         if s is None:
-            abort(_json_error(503, "the first status refresh has not finished yet; retry in a moment",
+            why = f" (last error: {snap.error})" if snap.error else ""
+            abort(_json_error(503, f"the first status refresh has not finished yet; retry in a moment{why}",
                               retry_after=2))
         return s
 

@@ -182,6 +182,7 @@ def cell(stage: dict, run: dict | None, hosts: dict[str, dict], now: float) -> d
         "started": fmt_clock(ts(run.get("started_at")), now), "ended": fmt_clock(ts(run.get("ended_at")), now),
         "unreachable_since": fmt_clock(ts(host.get("unreachable_since")), now) if state == "unreachable" else "",
         "note": state_file_note(run) if run and state in ("running", "stalled") else "",
+        "stall": str(mapping(ls.get("stall")).get("message") or "") if state == "stalled" else "",
     }
 
 

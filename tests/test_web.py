@@ -427,3 +427,13 @@ def test_refresher_process_serves_the_same_pages(lab, tmp_path):
     finally:
         snapshot.stop()
     assert not snapshot._proc.is_alive()
+
+
+def test_stalled_cell_says_why():
+    status = web_samples.lab_status()
+    status["stages"][1]["state"] = "stalled"
+    status["runs"][1]["log_state"]["stall"] = {"reason": "no_progress", "idle_s": 900.0,
+                                               "message": "no progress for 15 min (bar pace 28 s/shard)"}
+    html = text(sample_app(status).test_client().get("/"))
+    assert 'data-stage="extract" data-state="stalled"' in html
+    assert "stalled: no progress for 15 min (bar pace 28 s/shard)" in html
