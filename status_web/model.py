@@ -373,7 +373,8 @@ def phases_view(log_state: Any) -> list[dict]:
 
 
 def preflight_view(run: dict) -> list[dict]:
-    """Preflight results, when the run record or its state carries them: [{check, ok, message}]."""
+    """Preflight results (eaglelab.preflight.as_dicts: name, ok, detail, fix), when the run record or
+    its state carries them."""
     raw = run.get("preflight") or mapping(run.get("log_state")).get("preflight")
     if isinstance(raw, dict):
         raw = raw.get("checks") or [{"check": k, **(v if isinstance(v, dict) else {"ok": bool(v)})}
@@ -381,8 +382,11 @@ def preflight_view(run: dict) -> list[dict]:
     out = []
     for c in raw if isinstance(raw, list) else []:
         if isinstance(c, dict):
-            out.append({"check": str(c.get("check") or c.get("name") or "?"), "ok": c.get("ok"),
-                        "message": str(c.get("message") or c.get("detail") or "")})
+            ok = c.get("ok")
+            out.append({"check": str(c.get("check") or c.get("name") or "?"), "ok": ok,
+                        "verdict": {True: "PASS", False: "FAIL"}.get(ok, "WARN") if isinstance(ok, bool) or ok is None
+                        else "?", "message": str(c.get("message") or c.get("detail") or ""),
+                        "fix": str(c.get("fix") or "")})
     return out
 
 

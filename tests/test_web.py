@@ -437,3 +437,15 @@ def test_stalled_cell_says_why():
     html = text(sample_app(status).test_client().get("/"))
     assert 'data-stage="extract" data-state="stalled"' in html
     assert "stalled: no progress for 15 min (bar pace 28 s/shard)" in html
+
+
+def test_run_page_shows_preflight_when_the_record_has_it():
+    status = web_samples.lab_status()
+    status["runs"][2]["preflight"] = [
+        {"name": "disk", "ok": True, "detail": "412 GiB free >= 38 GiB", "fix": ""},
+        {"name": "env", "ok": False, "detail": "torch 2.13.0 != 2.12.1 <in lock>", "fix": "make sync HOST=gpu2"},
+        {"name": "gpus", "ok": None, "detail": "nvidia-smi not found", "fix": ""}]
+    html = text(sample_app(status).test_client().get(f"/runs/{TRAIN}"))
+    assert "<b>PASS</b> disk: 412 GiB free" in html
+    assert "<b>FAIL</b> env: torch 2.13.0 != 2.12.1 &lt;in lock&gt; <span class=\"muted\">— fix: make sync HOST=gpu2" in html
+    assert "<b>WARN</b> gpus" in html
