@@ -80,6 +80,8 @@
     lost = document.getElementById("conn-lost");
     lastText = document.getElementById("conn-last");
     if (!live) return;
+    var log = document.getElementById("log");
+    if (log) log.scrollTop = log.scrollHeight;  // a log opens at its end, as `tail` shows it
     setInterval(poll, POLL_MS);
     document.addEventListener("visibilitychange", poll);
     document.addEventListener("click", function (ev) {
