@@ -14,6 +14,7 @@ from typing import Any, Callable
 from eaglelab.fsutil import parse_iso
 
 FINAL = ("completed", "failed", "killed")
+MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 
 
 # -- small readers --------------------------------------------------------------------------------
@@ -222,6 +223,12 @@ def timeline(status: dict, now: float) -> dict:
         row = guarded(lambda: _timeline_row(s, by_id.get(s.get("latest_run")), runs, ends, now),
                       {"stage": str(s.get("name")), "segments": [], "note": "unreadable"})
         rows.append(row)
+    hidden = 0
+    if len(rows) > MAX_TIMELINE_ROWS:  # a big lab: what is still to happen, and what went wrong
+        critical = set(mapping(status.get("pipeline")).get("critical_path") or [])
+        keep = [r for r in rows if r["stage"] in critical or r.get("state") not in ("completed", "pending")
+                or any(seg["kind"] == "predicted" for seg in r["segments"])][:MAX_TIMELINE_ROWS]
+        hidden, rows = len(rows) - len(keep), keep
     starts = [seg["start"] for r in rows for seg in r["segments"]]
     stops = [seg.get("high") or seg["end"] for r in rows for seg in r["segments"]]
     fin = finish_times(status.get("pipeline"), now)
@@ -230,8 +237,8 @@ def timeline(status: dict, now: float) -> dict:
     t0 = min(starts + [now])
     t1 = max(stops + [now] + ([fin.get("high") or fin["at"]] if fin else []))
     pad = max((t1 - t0) * 0.03, 30.0)
-    unknown = [r["stage"] for r in rows if not r["segments"] and r.get("state") == "pending"]
-    return {"rows": rows, "start": t0 - pad, "end": t1 + pad, "now": now,
+    unknown = [r["stage"] for r in rows if not r["segments"] and r.get("state") == "pending"][:10]
+    return {"rows": rows, "start": t0 - pad, "end": t1 + pad, "now": now, "hidden": hidden,
             "finish": fin, "finish_view": eta_view(fin, now, "eta"), "unestimated": unknown}
 
 

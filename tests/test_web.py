@@ -449,3 +449,15 @@ def test_run_page_shows_preflight_when_the_record_has_it():
     assert "<b>PASS</b> disk: 412 GiB free" in html
     assert "<b>FAIL</b> env: torch 2.13.0 != 2.12.1 &lt;in lock&gt; <span class=\"muted\">— fix: make sync HOST=gpu2" in html
     assert "<b>WARN</b> gpus" in html
+
+
+def test_a_big_lab_keeps_the_timeline_readable():
+    status = web_samples.lab_status()
+    done = status["runs"][0]
+    for i in range(100):
+        status["runs"].append({**done, "id": f"old-{i}", "stage": f"old-{i}"})
+        status["stages"].insert(0, {"name": f"old-{i}", "host": "gpu1", "kind": "job", "depends_on": [],
+                                    "latest_run": f"old-{i}", "state": "completed"})
+    tl = model.timeline(status, web_samples.NOW)
+    assert tl["hidden"] >= 100 and {"extract", "vocab", "train"} <= {r["stage"] for r in tl["rows"]}
+    assert "finished stages off the critical path not shown" in text(sample_app(status).test_client().get("/"))
