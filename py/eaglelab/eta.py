@@ -5,20 +5,21 @@ of the last few updates, so it jumps with every slow item and it is blind to a d
 seeds' 64-shard load slowed from 16 to 29 s/shard and took 45-60 min where 31 were announced).
 
 The bar estimator (`estimate_bar`) uses the whole observation history:
-  1. consecutive observations become segments (items done, seconds taken); segments shorter than
-     the clock's resolution are merged (printed elapsed times are whole seconds);
-  2. a robust (Tukey bisquare, IRLS) weighted regression of log(seconds per item) on the item
-     index gives the *shape* of the rate: its level now and its drift. A 100x slow first item is an
-     outlier there and gets no weight;
-  3. a run of consecutive segments at the end that all sit far on one side of the fit is a regime
-     change (a collapse or a speed-up): the fit restarts at the change;
-  4. the *level* is calibrated so that the fitted curve spends as much time as the bar really did
+  1. consecutive observations become segments (items done, seconds taken), merged until each
+     spans two ticks of the clock (printed elapsed times are whole seconds);
+  2. a clean step in the per-item time (a collapse, a warm cache, a 100x slow first item) starts a
+     new regime; a step counts only when two levels split the segments cleanly and fit clearly
+     better than a straight trend, so a gradual drift stays one regime;
+  3. a robust (Tukey bisquare, IRLS) weighted regression of log(seconds per item) on the item
+     index over the regime gives the rate's shape: its level now and its drift (kept only when
+     significant); recent segments weigh more, but never fewer than 8 carry the weight;
+  4. the level is calibrated so that the fitted curve spends as much time as the bar really did
      (so periodic slow steps, e.g. evaluation pauses, count), leaving out early outliers only;
-  5. the remaining time integrates the per-item time over the items left, the drift continued at
-     half strength for at most as many items as were observed (a linear drift must not be
-     extrapolated to the end of a long bar), the range from the level's uncertainty (how much the
-     segments scatter, how many there are, the clock's resolution) and from the two extremes of
-     the drift (stops now / continues in full).
+  5. the time left integrates the per-item time over the items left, the drift continued linearly
+     at half strength for at most as many items as were observed and never beyond x2.5; the range
+     adds the level's uncertainty (scatter over evidence, the rate's wander between blocks of the
+     history, the clock's resolution, the noise still to come) to the two extremes of the drift
+     (stops now / continues in full).
 
 Stage and pipeline ETAs (`annotate`) combine the current bar with the history of earlier runs of
 the same stage on the same host and profile (see `RunRecord`), and propagate finish times through
@@ -30,8 +31,8 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -260,8 +261,7 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     calib = ~((rw == 0) & (x < -0.8))
     lw = np.exp(x / level_scale) * calib
     level = float(np.sum(lw * dts) / np.sum(lw * np.exp(a + b * x) * dns))
-    # Drift per item (log scale), from per-span units.
-    b_item = b / span
+    b_item = b / span  # relative change of the per-item time per item (d log p / d item)
     cap = float(n_last - (mids[0] - dns[0] / 2))  # items observed in the fitted stretch
     p0 = math.exp(a + b * (n_last - mids[-1]) / span) * level  # per-item time at the current item
 
