@@ -63,12 +63,15 @@ def test_overlong_line_is_cut_and_memory_stays_bounded():
     assert t.sp.lines == 2 and t.sp.bad == 1
 
 
-def test_long_frame_runs_are_decimated_but_keep_the_last_frame():
-    frames = b"".join(b"\rbar %d" % i for i in range(1000)) + b"\rnext"
-    s = run([frames], sample=8)
+def test_long_frame_runs_are_sampled_but_keep_the_first_and_last_frame():
+    frames = b"".join(b"\rbar %03d" % i for i in range(1000)) + b"\rnext"   # 8 kB of frames
+    s = run([frames], sample_bytes=1000)
     got = [t for t, _ in s.frames]
-    assert len(got) == 9 and got[0] == "bar 0" and got[-1] == "bar 999"
-    small = run([b"\rbar 1\rbar 2\rbar 3\r", b"x"], sample=8)
+    assert got[0] == "bar 000" and got[-1] == "bar 999" and 8 <= len(got) <= 10
+    assert got == sorted(got)
+    every = run([frames], sample_bytes=0)
+    assert [t for t, _ in every.frames] == ["bar %03d" % i for i in range(1000)]
+    small = run([b"\rbar 1\rbar 2\rbar 3\r", b"x"], sample_bytes=1000)
     assert [t for t, _ in small.frames] == ["bar 1", "bar 2", "bar 3"]
 
 

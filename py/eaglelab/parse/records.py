@@ -93,10 +93,15 @@ class LogClock:
         self.year = 2000
         self.day: _dt.date | None = None
         self.last: float | None = None
+        self._key: tuple[str | None, str | None] | None = None
 
     def seconds(self, rec: Record) -> float | None:
         if rec.time is None:
             return None
+        key = (rec.date, rec.time)
+        if key == self._key:
+            return self.last  # the same second as the line before: most lines of a busy log
+        self._key = key
         try:
             if rec.date is not None:
                 if len(rec.date) == 10:

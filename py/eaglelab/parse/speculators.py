@@ -31,10 +31,11 @@ _COUNTERS = ("global_step", "step", "epoch")
 
 _GATE = ("=", "epoch", "heckpoint", "Processing", "Found", "Timing", "Saved", "Skipped", "complete", "Preparing",
          "preparing", "Writing dataset", "EAGLE Offline")
+_GATE_RE = re.compile("|".join(re.escape(g) for g in _GATE))
 
 
 def recognize(msg: str) -> list[Event]:
-    if not any(g in msg for g in _GATE):
+    if _GATE_RE.search(msg) is None:
         return []
     if "=" in msg and _METRIC_LINE_RE.match(msg):
         return _metric_line(msg)

@@ -31,10 +31,11 @@ _SPEC_OLD_RE = re.compile(r"Draft acceptance rate: (?P<rate>[\d.]+)")
 # Cheap gate: a line without any of these words cannot be a vLLM lifecycle line.
 _GATE = ("took", "takes", "load", "Load", "Application", "Capturing", "capturing", "throughput", "acceptance",
          "Shutting", "KV cache", "Dynamo", "Starting", "Started")
+_GATE_RE = re.compile("|".join(re.escape(g) for g in _GATE))
 
 
 def recognize(msg: str) -> list[Event]:
-    if not any(g in msg for g in _GATE):
+    if _GATE_RE.search(msg) is None:
         return []
     if "Application startup complete" in msg:
         return [phase_start("serving"), Event(READY)]
