@@ -37,6 +37,21 @@ synth prepare extract vocab train eval: $(VENV)/.installed  ## run that pipeline
 pipeline: $(VENV)/.installed  ## run every stage that needs it, in dependency order
 	$(LAB) pipeline
 
+.PHONY: plan
+plan: $(VENV)/.installed  ## what `make pipeline` (or a cron firing) would do per stage, and why; does nothing
+	$(LAB) plan
+
+SCHEDULE ?= 0 3 * * *
+.PHONY: cron-install cron-list cron-remove
+cron-install: $(VENV)/.installed  ## put the pipeline on your crontab (SCHEDULE="0 3 * * *", PROFILE=name)
+	$(LAB) cron install --schedule "$(SCHEDULE)"
+
+cron-list: $(VENV)/.installed  ## eaglelab crontab entries, their next firings, the last firings
+	$(LAB) cron list
+
+cron-remove: $(VENV)/.installed  ## take the pipeline off your crontab
+	$(LAB) cron remove
+
 .PHONY: tick
 tick: $(VENV)/.installed  ## run the small `tick` stage (tries the machinery in seconds)
 	$(LAB) run tick
@@ -52,6 +67,20 @@ demo: setup  ## the whole pipeline on the tiny demo model, on this machine, with
 .PHONY: test
 test: setup  ## run every test (installs what they need first)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+.PHONY: sync
+sync: $(VENV)/.installed  ## copy the project to HOST over ssh and make its venv from the lock (HOST=name)
+	@test -n "$(HOST)" || { echo "make sync: say which host, e.g. make sync HOST=gpu1 (hosts: conf/lab.yaml)" >&2; exit 2; }
+	$(LAB) sync $(HOST)
+
+.PHONY: preflight
+preflight: $(VENV)/.installed  ## check STAGE's host before launching: reachable, env == lock, disk, GPUs, inputs (STAGE=name)
+	@test -n "$(STAGE)" || { echo "make preflight: say which stage, e.g. make preflight STAGE=extract" >&2; exit 2; }
+	$(LAB) preflight $(STAGE)
+
+.PHONY: test-ssh
+test-ssh: setup  ## the ssh lab tests: real hosts as network namespaces with their own sshd (root)
+	$(VENV)/bin/python -m pytest tests/test_ssh_*.py $(PYTEST_ARGS)
 
 .PHONY: bench
 bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)

@@ -91,3 +91,23 @@ def tmplab(tmp_path: Path) -> TmpLab:
                     os.killpg(pgid, 9)
                 except (ProcessLookupError, PermissionError):
                     pass
+
+
+# -- the ssh lab: hosts as network namespaces with their own sshd (tests/testlab.py) -------------
+
+@pytest.fixture(scope="session")
+def netlab(tmp_path_factory):
+    """Three real hosts h1 h2 h3 (namespaces + sshd), shared by the session's ssh tests."""
+    from testlab import TestLab
+    lab = TestLab(tmp_path_factory.mktemp("netlab"), hosts=3).start()
+    yield lab
+    lab.stop()
+
+
+@pytest.fixture
+def sshlab(netlab, tmp_path):
+    """A throw-away lab config over the netlab hosts; runs left behind are killed afterwards."""
+    from testlab import SshLab
+    lab = SshLab(netlab, tmp_path)
+    yield lab
+    lab.cleanup()

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import string
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from .errors import ConfigError
 
@@ -39,6 +40,10 @@ class SshConfig(_Strict):
     connect_timeout_s: int = 5
     alive_interval_s: int = 5
     alive_count_max: int = 3
+    config_file: str | None = None  # an ssh_config to use instead of ~/.ssh/config (`ssh -F`)
+    multiplex: bool = True  # one ControlMaster connection per host (socket under logs/ssh/)
+    control_persist_s: int = 300  # how long the master outlives the last call
+    command_timeout_s: float = 60  # a remote call that takes longer counts as the host not answering
 
 
 class HostConfig(_Strict):
@@ -49,6 +54,10 @@ class HostConfig(_Strict):
     repo_dir: str = "."  # where the project is checked out on the host; relative = this repo
     python: str = ".venv/bin/python"  # interpreter with eaglelab installed; relative = to repo_dir
     gpus: int = 0  # GPUs the stages may use on this host
+    lock: str = "requirements.lock"  # the pinned environment the host's venv must match (controller path)
+    base_python: str = "python3"  # on the host: the interpreter `lab sync` makes the venv with
+    pip_options: list[str] = []  # extra `pip install` arguments for `lab sync` (--index-url, --find-links ...)
+    _logs_dir: str | None = PrivateAttr(None)  # the controller's logs dir, set by load()
 
     @field_validator("ssh")
     @classmethod
@@ -185,9 +194,15 @@ def render_template(value: str, variables: dict[str, str], where: str, _depth: i
                           f"{did_you_mean(e.args[0], variables)}; define it under `vars:`") from None
     except ValueError as e:
         raise ConfigError(f"{where}: bad $ placeholder in {value!r} ({e}); write $$ for a literal $") from None
-    if "$" in out and out != value and _depth < 10:
+    # Vars may refer to vars: render again only while a known ${var} remains, so that a literal
+    # `$$(...)` (now `$(...)`) stays inert text instead of failing as a bad placeholder.
+    if "$" in out and out != value and _depth < 10 and any(
+            (m.group(1) or m.group(2)) in variables for m in _VAR_REF.finditer(out)):
         return render_template(out, variables, where, _depth + 1)
     return out
+
+
+_VAR_REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
 def _load_yaml(path: Path) -> dict:
@@ -293,6 +308,7 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
                      [pipe_raw, prof_pipe])
     for name, h in lab.hosts.items():
         h.name = name
+        h._logs_dir = str((REPO_ROOT / lab.logs_dir).resolve())
     for name, s in pipe.stages.items():
         s.name = name
         where = f"{pipe_file}: stages.{name}"

@@ -163,14 +163,24 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
         return rec
     _killpg(pgid, signal.SIGTERM)
     deadline = time.time() + grace_s
-    while time.time() < deadline and not (run_dir / "exit.json").exists():
+    # Wait for the whole group, not only the stage's main process: a child that ignores TERM would
+    # otherwise keep its GPU memory after `lab stop` returned.
+    while time.time() < deadline and (not (run_dir / "exit.json").exists() or _group_alive(pgid)):
         time.sleep(0.1)
-    if not (run_dir / "exit.json").exists():
+    if not (run_dir / "exit.json").exists() or _group_alive(pgid):
         _killpg(pgid, signal.SIGKILL)
     deadline = time.time() + 10
     while time.time() < deadline and not (run_dir / "exit.json").exists():
         time.sleep(0.05)
     return read_run(run_dir)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -250,6 +260,8 @@ VERBS = {
     "stop": lambda a: stop(a["work_dir"], a["run_id"], a.get("grace_s", 30.0)),
     "read_log": lambda a: {"data": base64.b64encode(read_log(a["work_dir"], a["run_id"], a.get("offset", 0),
                                                              a.get("limit", 1 << 20))).decode()},
+    "facts": lambda a: __import__("eaglelab.hostfacts", fromlist=["facts"]).facts(
+        a["work_dir"], a.get("inputs", []), a.get("outputs", []), a.get("cwd", ".")),
 }
 
 

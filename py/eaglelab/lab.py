@@ -21,9 +21,11 @@ from filelock import FileLock
 
 from . import __version__
 from . import config as config_mod
+from . import preflight
 from .config import REPO_ROOT, Config, StageConfig
 from .errors import EaglelabError, StageError
 from .executors import Executor, HostUnreachable, for_host
+from .fsutil import parse_iso
 from .runs import Registry
 
 ACTIVE = ("pending", "running")
@@ -34,6 +36,8 @@ class Lab:
         self.cfg = cfg
         self.registry = registry or Registry(cfg.logs_dir / "registry.sqlite")
         self._executors: dict[str, Executor] = {}
+        from . import notify  # stage completed/failed/stalled -> webhooks, seen as the registry learns it
+        self.notifier = notify.watch(self)
 
     @classmethod
     def load(cls, conf_dir: str | None = None, profile: str | None = None) -> "Lab":
@@ -116,7 +120,21 @@ class Lab:
         fp = self.fingerprint(stage)
         if latest.get("fingerprint") != fp:
             return "run", f"inputs, config or code changed since {latest['id']}", latest
+        newer = self._upstream_newer(stage, latest)
+        if newer is not None:
+            return "run", f"upstream {newer['stage']} ran again ({newer['id']}) after {latest['id']} started", latest
         return "skip", f"{name} is up to date ({latest['id']} completed, nothing changed)", latest
+
+    def _upstream_newer(self, stage: StageConfig, latest: dict) -> dict | None:
+        """A depends_on stage whose latest run started after this stage's latest run did (make's rule:
+        the upstream ran again, so this stage's result is stale even if its inputs' digest matches)."""
+        mine = parse_iso(latest.get("started_at"))
+        for dep in stage.depends_on:
+            up = self.latest(dep)
+            theirs = parse_iso(up.get("started_at")) if up else None
+            if mine is not None and theirs is not None and theirs > mine:
+                return up
+        return None
 
     def run(self, name: str, *, force: bool = False, deps: bool = False, wait: bool = True,
             out: TextIO | None = None, follow: bool = True) -> dict:
@@ -147,6 +165,7 @@ class Lab:
                 self._free_gpus_for(stage, out=out)
                 spec = self.launch_spec(stage)
                 spec["fingerprint"] = self.fingerprint(stage, spec)
+                preflight.before_launch(self, stage, spec)  # a failed check raises StageError naming it
                 print(f"lab: starting {name} on {stage.host} ({reason})", file=out)
                 meta = self.executor(stage.host).launch(spec)
                 rec = self._record_launch(meta, spec)

@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .errors import RegistryError
 from .fsutil import utcnow_iso
 
 STATES = ("pending", "running", "completed", "failed", "killed")
 COLUMNS = ("id", "stage", "host", "profile", "fingerprint", "kind", "state", "exit_code", "signal",
-           "started_at", "ended_at", "duration_s", "run_dir", "pid", "pgid", "lost", "log_state", "updated_at")
+           "started_at", "ended_at", "duration_s", "run_dir", "pid", "pgid", "lost", "log_state", "updated_at",
+           "orphans")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   id TEXT PRIMARY KEY, stage TEXT NOT NULL, host TEXT NOT NULL, profile TEXT, fingerprint TEXT,
   kind TEXT, state TEXT NOT NULL, exit_code INTEGER, signal INTEGER, started_at TEXT, ended_at TEXT,
   duration_s REAL, run_dir TEXT, pid INTEGER, pgid INTEGER, lost INTEGER DEFAULT 0,
-  log_state TEXT, updated_at TEXT
+  log_state TEXT, updated_at TEXT, orphans INTEGER DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS runs_stage ON runs(stage, started_at);
 CREATE TABLE IF NOT EXISTS hosts (
@@ -44,10 +46,15 @@ CREATE TABLE IF NOT EXISTS phases (
 class Registry:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        # Callbacks given [(run as the registry knew it or None, run as now reported)] after each
+        # write; notify.py uses this to see runs change state.
+        self.observers: list[Callable[[list[tuple[dict | None, dict]]], None]] = []
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self._connect() as db:
                 db.executescript(SCHEMA)
+                if "orphans" not in {r[1] for r in db.execute("PRAGMA table_info(runs)")}:
+                    db.execute("ALTER TABLE runs ADD COLUMN orphans INTEGER DEFAULT 0")  # registries made before it
         except sqlite3.DatabaseError as e:
             raise RegistryError(f"{self.path}: not a usable registry ({e}); move it aside and run "
                                 f"`lab status` to rebuild it from the hosts") from None
@@ -85,6 +92,7 @@ class Registry:
             row = {c: r.get(c) for c in COLUMNS}
             row["id"] = r.get("id") or r.get("run_id")
             row["lost"] = int(bool(r.get("lost")))
+            row["orphans"] = int(bool(r.get("orphans")))  # processes of the stage's group outlived it
             row["log_state"] = json.dumps(r["log_state"]) if r.get("log_state") is not None else None
             row["updated_at"] = now
             if row["state"] not in STATES:
@@ -94,8 +102,22 @@ class Registry:
         marks = ", ".join(f":{c}" for c in COLUMNS)
         updates = ", ".join(f"{c}=excluded.{c}" for c in COLUMNS if c != "id")
         with self._tx() as db:
+            # What the registry knew before, read under the write lock: of several processes
+            # syncing the same change, exactly one sees the transition (observers: notify.py).
+            before = {}
+            for row in rows if self.observers else []:
+                known = db.execute("SELECT * FROM runs WHERE id = ?", (row["id"],)).fetchone()
+                before[row["id"]] = _row(known) if known else None
             db.executemany(f"INSERT INTO runs ({cols}) VALUES ({marks}) ON CONFLICT(id) DO UPDATE SET {updates}",
                            rows)
+        if self.observers:
+            changes = [(before.get(row["id"]), {**r, "id": row["id"], "state": row["state"]})
+                       for r, row in zip(runs, rows)]
+            for observe in self.observers:
+                try:
+                    observe(changes)
+                except Exception as e:  # an observer never breaks the registry
+                    print(f"lab: registry observer failed: {type(e).__name__}: {e}", file=sys.stderr)
 
     def get(self, run_id: str) -> dict | None:
         with self._connect() as db:
@@ -143,9 +165,10 @@ class Registry:
         with self._connect() as db:
             out = {}
             for r in db.execute("SELECT * FROM hosts"):
-                out[r["name"]] = {"name": r["name"], "reachable": bool(r["reachable"]),
-                                  "unreachable_since": r["unreachable_since"], "checked_at": r["checked_at"],
-                                  **(json.loads(r["report"]) if r["report"] else {})}
+                # the stored report first: its own keys must not override what the registry knows now
+                out[r["name"]] = {**(json.loads(r["report"]) if r["report"] else {}),
+                                  "name": r["name"], "reachable": bool(r["reachable"]),
+                                  "unreachable_since": r["unreachable_since"], "checked_at": r["checked_at"]}
         return out
 
     # -- phase history, for the ETA of phases not yet begun ------------------------------------
@@ -177,6 +200,7 @@ class Registry:
 def _row(row: sqlite3.Row) -> dict:
     d = dict(row)
     d["lost"] = bool(d.get("lost"))
+    d["orphans"] = bool(d.get("orphans"))
     d["log_state"] = json.loads(d["log_state"]) if d.get("log_state") else None
     return d
 

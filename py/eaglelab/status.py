@@ -10,7 +10,7 @@ from .lab import Lab
 
 SCHEMA = 1
 RUN_FIELDS = ("id", "stage", "host", "state", "exit_code", "signal", "started_at", "ended_at", "fingerprint",
-              "profile", "kind", "run_dir", "pid", "duration_s", "lost", "log_state")
+              "profile", "kind", "run_dir", "pid", "duration_s", "lost", "log_state", "orphans")
 
 
 def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:

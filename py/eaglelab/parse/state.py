@@ -299,7 +299,20 @@ def _progress_json(t: BarTrack) -> dict:
     return {"label": p.label, "prefix": p.prefix or None, "n": p.n, "total": p.total, "unit": p.unit,
             "percent": p.percent, "rate_s_per_it": p.rate_s_per_it, "elapsed_s": p.elapsed_s,
             "eta_s": estimate_eta_s(t), "tqdm_remaining_s": p.remaining_s, "postfix": p.postfix,
-            "line": t.last_line}
+            "line": t.last_line, "history": _rate_history(t)}
+
+
+PROGRESS_HISTORY_POINTS = 256  # state.json stays small: the status page plots time per item from these
+
+
+def _rate_history(t: BarTrack) -> list[list[float]]:
+    """The current bar's [elapsed_s, n] samples (for the status page's rate plot), evenly thinned to
+    at most PROGRESS_HISTORY_POINTS, first and last kept."""
+    pts = [[e, n] for n, _total, e in t.history if e is not None and n is not None]
+    if len(pts) <= PROGRESS_HISTORY_POINTS:
+        return pts
+    step = (len(pts) - 1) / (PROGRESS_HISTORY_POINTS - 1)
+    return [pts[round(i * step)] for i in range(PROGRESS_HISTORY_POINTS)]
 
 
 def _bar_summary(t: BarTrack, include_history: bool) -> dict:

@@ -1,0 +1,326 @@
+"""The status page: one Flask app over the same core as the CLI (eaglelab.status.collect, Lab).
+
+Views only read the background snapshot (snapshot.py), turn it into a view model (model.py) and
+render; Jinja autoescapes every value. Reading needs no token unless `read_token` is set; actions
+(POST) need `Authorization: Bearer <token>` and are disabled (403) when no token is configured.
+"""
+
+from __future__ import annotations
+
+import hmac
+import io
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, url_for
+
+from . import metrics as metrics_mod
+from . import model, svg
+from .snapshot import Snapshot
+
+LOG_TAIL_BYTES = 64 * 1024
+ACTION_WAIT_S = 10.0
+
+
+@dataclass
+class WebState:
+    lab: object | None  # eaglelab.lab.Lab (None: read-only, e.g. a replayed status)
+    snapshot: Snapshot
+    token: str | None
+    read_token: bool
+
+
+def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
+               source: Callable[[], dict] | None = None, token: str | None = None, read_token: bool = False,
+               refresh_s: float = 2.0, start: bool = True, clock: Callable[[], float] = time.time) -> Flask:
+    """The app for a lab (or Lab.load(conf, profile)). `source` replaces collect(lab) (benchmarks,
+    tests); `token` defaults to the env var named by lab.yaml's web.token_env; `start=False` leaves
+    the background refresh to the caller (app.extensions['eaglelab'].snapshot.refresh_now())."""
+    if lab is None and source is None:
+        from eaglelab.lab import Lab
+        lab = Lab.load(conf, profile)
+    if source is None:
+        from eaglelab.status import collect
+        source = lambda: collect(lab, refresh=True)  # noqa: E731
+    if token is None and lab is not None:
+        token = os.environ.get(lab.cfg.lab.web.token_env) or None
+    local_hosts = (lambda: {n for n, h in lab.cfg.hosts.items() if h.reach == "local"}) if lab else set
+    snap = Snapshot(source, refresh_s, local_hosts=local_hosts, clock=clock)
+
+    app = Flask(__name__)
+    app.config["JSON_SORT_KEYS"] = False
+    state = WebState(lab, snap, token or None, read_token)
+    app.extensions["eaglelab"] = state
+    _routes(app, state, clock)
+    if start:
+        snap.start()
+    return app
+
+
+def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
+    snap = st.snapshot
+
+    # -- tokens ------------------------------------------------------------------------------
+    def bearer_ok() -> bool:
+        header = request.headers.get("Authorization", "")
+        given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        given = given or request.cookies.get("eaglelab_token", "")
+        return bool(st.token and given and hmac.compare_digest(given.encode(), st.token.encode()))
+
+    def unauthorized(msg: str) -> Response:
+        resp = jsonify({"error": msg})
+        resp.status_code = 401
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="eaglelab"'
+        return resp
+
+    @app.before_request
+    def _reading_gate():
+        if not st.read_token or request.endpoint in ("static", "healthz"):
+            return None
+        q = request.args.get("token")
+        if q and st.token and hmac.compare_digest(q.encode(), st.token.encode()) and request.method == "GET":
+            # a browser cannot send a header on navigation: trade the query for a cookie once
+            args = {k: v for k, v in request.args.items() if k != "token"}
+            resp = redirect(url_for(request.endpoint, **(request.view_args or {}), **args))
+            resp.set_cookie("eaglelab_token", q, httponly=True, samesite="Strict")
+            return resp
+        if not bearer_ok():
+            return unauthorized("reading needs the token: Authorization: Bearer <token> (or open ?token=...)")
+        return None
+
+    def require_action_token():
+        if not st.token:
+            abort(_json_error(403, "actions are disabled: the server has no token configured "
+                                   f"(set the env var named by web.token_env, default EAGLELAB_TOKEN)"))
+        header = request.headers.get("Authorization", "")
+        given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        if not given or not hmac.compare_digest(given.encode(), st.token.encode()):
+            abort(unauthorized("missing or wrong token: send Authorization: Bearer <token>"))
+        if st.lab is None:
+            abort(_json_error(403, "this server is read-only (no lab)"))
+
+    @app.after_request
+    def _headers(resp: Response) -> Response:
+        resp.headers.setdefault("X-Content-Type-Options", "nosniff")
+        resp.headers.setdefault("Referrer-Policy", "no-referrer")
+        resp.headers.setdefault("Content-Security-Policy",
+                                "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+                                "frame-ancestors 'none'")
+        return resp
+
+    # -- helpers -----------------------------------------------------------------------------
+    def current():
+        s = snap.current
+        if s is None:
+            abort(_json_error(503, "the first status refresh has not finished yet; retry in a moment",
+                              retry_after=2))
+        return s
+
+    def render(s, template: str, key: tuple, build: Callable[[dict, float], dict], partial: bool):
+        """(raw, gzipped) of a page or only its live part, rendered once per snapshot version."""
+        def make() -> bytes:
+            now = clock()
+            return render_template(template, partial=partial, snap=s, now=now, refresh_error=snap.error,
+                                   actions=bool(st.token and st.lab), **build(s.status, now)).encode()
+        return s.cached((template, key, partial), make)
+
+    def send(pair: tuple[bytes, bytes], mimetype: str) -> Response:
+        """The gzipped copy to clients that take it (browsers, requests, curl --compressed)."""
+        gz = "gzip" in request.accept_encodings
+        resp = Response(pair[1] if gz else pair[0], mimetype=mimetype)
+        if gz:
+            resp.headers["Content-Encoding"] = "gzip"
+        resp.headers["Vary"] = "Accept-Encoding"
+        return resp
+
+    def page(template: str, key: tuple, build: Callable[[dict, float], dict]) -> Response:
+        return send(render(current(), template, key, build, request.args.get("partial") == "1"), "text/html")
+
+    def metrics_of(s):
+        return s.cached("metrics", lambda: metrics_mod.render_status(s.status, clock()))
+
+    def warm(s) -> None:
+        """Pre-render what every open browser and scraper polls, before the snapshot is published."""
+        with app.test_request_context("/"):
+            for partial in (True, False):
+                render(s, "overview.html", (), overview_ctx, partial)
+        metrics_of(s)
+
+    snap.warmers.append(warm)
+
+    # -- pages -------------------------------------------------------------------------------
+    @app.get("/")
+    def overview():
+        return page("overview.html", (), overview_ctx)
+
+    @app.get("/hosts")
+    def hosts():
+        def build(status, now):
+            hs = []
+            for h in status.get("hosts") or []:
+                if isinstance(h, dict):
+                    hs.append(model.guarded(lambda: {**h, "gpu_rows": model.gpus_view(h),
+                                                     "since": model.fmt_clock(model.ts(h.get("unreachable_since")), now),
+                                                     "checked": model.fmt_clock(model.ts(h.get("checked_at")), now),
+                                                     "disk": model.fmt_bytes(model.num(h.get("free_disk_bytes")))},
+                                            {"name": str(h.get("name")), "gpu_rows": []}))
+            return {"hosts": hs}
+        return page("hosts.html", (), build)
+
+    @app.get("/runs/<run_id>")
+    def run_page(run_id: str):
+        s = current()
+        run = _find_run(s.status, run_id)
+        if run is None:
+            abort(404)
+
+        def build(status, now):
+            tail, tail_note = _log_tail(st, status, run)
+            ctx = model.guarded(lambda: {
+                "phases": model.phases_view(run.get("log_state")),
+                "charts": [{**m, "svg": svg.line_chart(m["points"], title=m["name"], x_label="step",
+                                                        y_label=m["name"].rsplit("/", 1)[-1], y_from_zero=False)}
+                           for m in model.metric_series(run.get("log_state"))],
+                "preflight": model.preflight_view(run), "exit": model.exit_view(run),
+                "cell": model.cell({"name": run.get("stage"), "host": run.get("host"), "state": run.get("state")},
+                                   run, {}, now),
+                "started": model.fmt_clock(model.ts(run.get("started_at")), now),
+                "ended": model.fmt_clock(model.ts(run.get("ended_at")), now),
+                "duration": model.fmt_duration(model.num(run.get("duration_s"))),
+                "note": model.state_file_note(run),
+            }, {"phases": [], "charts": [], "preflight": [], "exit": str(run.get("state")), "cell": None})
+            return {"run": run, "tail": tail, "tail_note": tail_note, **ctx}
+        return page("run.html", (run_id,), build)
+
+    @app.get("/stages/<name>")
+    def stage_page(name: str):
+        s = current()
+        for stg in s.status.get("stages") or []:
+            if isinstance(stg, dict) and stg.get("name") == name and stg.get("latest_run"):
+                return redirect(url_for("run_page", run_id=stg["latest_run"]))
+        abort(404)
+
+    # -- API ---------------------------------------------------------------------------------
+    @app.get("/api/status")
+    def api_status():
+        s = current()
+        if request.if_none_match and s.etag.strip('"') in request.if_none_match:
+            return Response(status=304, headers={"ETag": s.etag})
+        resp = send((s.body, s.body_gz), "application/json")
+        resp.headers.update({"ETag": s.etag, "Cache-Control": "no-cache"})
+        return resp
+
+    @app.get("/api/runs/<run_id>")
+    def api_run(run_id: str):
+        s = current()
+        run = _find_run(s.status, run_id)
+        if run is None:
+            return _json_error(404, f"no run {run_id!r}")
+        tail, note = _log_tail(st, s.status, run)
+        return jsonify({"schema": 1, "run": run, "log_tail": tail, "log_tail_note": note})
+
+    @app.get("/metrics")
+    def metrics():
+        return send(metrics_of(current()), "text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/healthz")
+    def healthz():
+        return Response("ok\n", mimetype="text/plain")
+
+    @app.post("/api/stages/<name>/rerun")
+    def rerun(name: str):
+        require_action_token()
+        if name not in st.lab.cfg.stages:
+            return _json_error(404, f"no stage {name!r}; stages: {', '.join(st.lab.cfg.stages)}")
+        out = io.StringIO()
+        return _in_background(lambda: st.lab.run(name, force=True, wait=False, out=out), out, snap)
+
+    @app.post("/api/runs/<run_id>/stop")
+    def stop(run_id: str):
+        require_action_token()
+        run = _find_run(current().status, run_id)
+        if run is None:
+            return _json_error(404, f"no run {run_id!r}")
+        if run.get("state") not in ("running", "pending", "stalled"):
+            return _json_error(409, f"{run_id} is not running ({run.get('state')})")
+        return _in_background(lambda: st.lab.stop(run_id), io.StringIO(), snap)
+
+    @app.errorhandler(404)
+    def not_found(e):
+        if request.path.startswith("/api/"):
+            return _json_error(404, "not found")
+        return render_template("error.html", code=404, message="Nothing here: no such page, run or stage."), 404
+
+    @app.errorhandler(500)
+    def server_error(e):
+        return render_template("error.html", code=500, message="The page failed; the API may still answer."), 500
+
+
+def overview_ctx(status: dict, now: float) -> dict:
+    ov = model.overview(status, now)
+    tl = model.timeline(status, now)
+    plots = [{**p, "svg": svg.line_chart(p["points"], title=p["title"], x_label=p["x_label"],
+                                         y_label=p["y_label"], css_class="chart rate")}
+             for p in model.rate_plots(status)]
+    return {"ov": ov, "tl": tl, "gantt": svg.gantt(tl), "plots": plots, "profile": status.get("profile")}
+
+
+def _find_run(status: dict, run_id: str) -> dict | None:
+    """Only ids the registry knows are looked up: a URL never names a path."""
+    for r in status.get("runs") or []:
+        if isinstance(r, dict) and r.get("id") == run_id:
+            return r
+    return None
+
+
+def _log_tail(st: WebState, status: dict, run: dict) -> tuple[list[str], str]:
+    if st.lab is None:
+        return [], "no lab: logs are not available"
+    host = next((h for h in status.get("hosts") or [] if isinstance(h, dict) and h.get("name") == run.get("host")), {})
+    if host and not host.get("reachable", True):
+        return [], f"host {run.get('host')} is unreachable: the log cannot be read now"
+    try:
+        size = int(run.get("log_size") or 0)
+        ex = st.lab.executor(run["host"])
+        data = ex.read_log(run["id"], max(0, size - LOG_TAIL_BYTES) if size else 0, LOG_TAIL_BYTES * 16)
+        if not size and len(data) > LOG_TAIL_BYTES:
+            data = data[-LOG_TAIL_BYTES:]
+        return model.log_tail(data), ""
+    except Exception as e:  # noqa: BLE001 - a log we cannot read is said, not raised
+        return [], f"log not readable: {type(e).__name__}: {e}"[:300]
+
+
+def _in_background(action: Callable[[], dict], out: io.StringIO, snap: Snapshot) -> Response:
+    """Run an action (it may wait for a service or an ssh round trip); answer with its result if it
+    ends within ACTION_WAIT_S, else 202 and let it finish."""
+    box: dict = {}
+
+    def work():
+        try:
+            box["rec"] = action()
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            box["error"] = str(e)
+        finally:
+            snap.poke()
+
+    t = threading.Thread(target=work, name="web-action", daemon=True)
+    t.start()
+    t.join(ACTION_WAIT_S)
+    if t.is_alive():
+        return jsonify({"accepted": True, "done": False, "log": out.getvalue()}), 202
+    if "error" in box:
+        return _json_error(409, box["error"])
+    rec = box.get("rec") or {}
+    return jsonify({"accepted": True, "done": True, "run": {k: rec.get(k) for k in ("id", "stage", "host", "state")},
+                    "log": out.getvalue()})
+
+
+def _json_error(code: int, message: str, retry_after: int | None = None) -> Response:
+    resp = jsonify({"error": message})
+    resp.status_code = code
+    if retry_after:
+        resp.headers["Retry-After"] = str(retry_after)
+    return resp

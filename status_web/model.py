@@ -1,0 +1,411 @@
+"""From the status object (eaglelab.status.collect, schema 1) to what the pages show. Pure: the
+status dict and `now` in, plain dicts out; no I/O, no Flask.
+
+Every field is read defensively: a run record from an old version, a half-written state file or a
+log that fooled the parser must cost one cell its detail, never the page (see `guarded`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+from eaglelab.fsutil import parse_iso
+
+FINAL = ("completed", "failed", "killed")
+
+
+# -- small readers --------------------------------------------------------------------------------
+
+def num(v: Any) -> float | None:
+    """A finite number, or None (bools, strings, NaN and infinities are not numbers here)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def ts(v: Any) -> float | None:
+    """An ISO time (our JSON's format) as a POSIX timestamp, or None when absent or garbled."""
+    if not isinstance(v, str):
+        return None
+    try:
+        return parse_iso(v)
+    except ValueError:
+        return None
+
+
+def mapping(v: Any) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return ""
+    s = int(round(max(s, 0)))
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    if d:
+        return f"{d}d {h}h"
+    if h:
+        return f"{h}h {m:02d}m"
+    if m:
+        return f"{m}m {sec:02d}s"
+    return f"{sec}s"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def fmt_clock(t: float | None, now: float) -> str:
+    """Local clock time; with the weekday when it is not within the next/last 20 hours."""
+    if t is None:
+        return ""
+    lt = time.localtime(t)
+    return time.strftime("%H:%M" if abs(t - now) < 20 * 3600 else "%a %H:%M", lt)
+
+
+def guarded(build: Callable[[], dict], fallback: dict) -> dict:
+    """build(), or fallback with the error named: one odd record never takes the page down."""
+    try:
+        return build()
+    except Exception as e:  # noqa: BLE001 - any surprise in one record is shown, not raised
+        return {**fallback, "error": f"{type(e).__name__}: {e}"[:300]}
+
+
+# -- ETAs ---------------------------------------------------------------------------------------
+
+def finish_times(eta: Any, now: float) -> dict | None:
+    """{at, low, high} (timestamps) from an eta dict (finish_at/finish_low_at/finish_high_at, or
+    eta_s/eta_low_s/eta_high_s relative to now); None when it says nothing usable."""
+    eta = mapping(eta)
+    at = ts(eta.get("finish_at"))
+    if at is None and num(eta.get("eta_s")) is not None:
+        at = now + num(eta.get("eta_s"))
+    if at is None:
+        return None
+    low = ts(eta.get("finish_low_at"))
+    high = ts(eta.get("finish_high_at"))
+    if low is None and num(eta.get("eta_low_s")) is not None:
+        low = now + num(eta.get("eta_low_s"))
+    if high is None and num(eta.get("eta_high_s")) is not None:
+        high = now + num(eta.get("eta_high_s"))
+    return {"at": at, "low": low, "high": high}
+
+
+def eta_view(fin: dict | None, now: float, source: str = "") -> dict | None:
+    if not fin:
+        return None
+    rng = ""
+    if fin.get("low") is not None and fin.get("high") is not None:
+        rng = f"{fmt_clock(fin['low'], now)}–{fmt_clock(fin['high'], now)}"
+    return {"clock": fmt_clock(fin["at"], now), "range": rng, "in": fmt_duration(fin["at"] - now),
+            "source": source, **fin}
+
+
+def run_finish(run: dict, stage: dict | None, now: float) -> tuple[dict | None, str]:
+    """The best finish estimate for a running run: the ETA engine's (run, then stage), else the
+    parser's bar ETA (tqdm's own, no range: marked as such)."""
+    for src in (run.get("eta"), mapping(stage).get("eta")):
+        fin = finish_times(src, now)
+        if fin:
+            return fin, "eta"
+    prog = mapping(mapping(run.get("log_state")).get("progress"))
+    left = num(prog.get("eta_s"))
+    if left is not None:
+        return {"at": now + left, "low": None, "high": None}, "bar"
+    return None, ""
+
+
+# -- the overview grid --------------------------------------------------------------------------
+
+def progress_view(log_state: Any) -> dict | None:
+    prog = mapping(mapping(log_state).get("progress"))
+    n, total = num(prog.get("n")), num(prog.get("total"))
+    if n is None:
+        return None
+    ratio = max(0.0, min(1.0, n / total)) if total else None
+    rate = num(prog.get("rate_s_per_it"))
+    unit = str(prog.get("unit") or "it")
+    return {"n": _int_or(n), "total": _int_or(total) if total is not None else None, "unit": unit,
+            "ratio": ratio, "pct": None if ratio is None else round(100 * ratio, 1),
+            "label": str(prog.get("label") or ""),
+            "rate": (f"{rate:.3g} s/{unit}" if rate >= 1 else f"{1 / rate:.3g} {unit}/s") if rate else ""}
+
+
+def _int_or(v: float) -> float | int:
+    return int(v) if v == int(v) else v
+
+
+def state_file_note(run: dict) -> str:
+    """What to say when a run has no parsed state (web.log_state_status, set by the snapshot)."""
+    status = run.get("log_state_status")
+    if run.get("log_state") is not None:
+        return ""
+    return {"missing": "no state file yet", "unreadable": "state file unreadable (half-written?)",
+            "not_json_object": "state file is not a JSON object"}.get(status, "no parsed state")
+
+
+def cell(stage: dict, run: dict | None, hosts: dict[str, dict], now: float) -> dict:
+    """One host × stage cell of the overview."""
+    run = run or {}
+    ls = mapping(run.get("log_state"))
+    state = str(stage.get("state") or "pending")
+    host = hosts.get(stage.get("host"), {})
+    failure = mapping(ls.get("failure"))
+    fin, src = run_finish(run, stage, now) if state in ("running", "stalled", "unreachable") else (None, "")
+    detail = ""
+    if run.get("signal"):
+        detail = f"signal {run['signal']}"
+    elif run.get("exit_code") not in (None, 0):
+        detail = f"exit {run['exit_code']}"
+    elif run.get("lost"):
+        detail = "lost (jobwrap vanished)"
+    return {
+        "stage": str(stage.get("name")), "host": str(stage.get("host")), "state": state,
+        "run_id": run.get("id"), "phase": ls.get("phase") if isinstance(ls.get("phase"), str) else None,
+        "progress": progress_view(ls) if state not in ("completed",) else None,
+        "eta": eta_view(fin, now, src), "detail": detail,
+        "failure": {"reason": str(failure.get("reason") or "other"), "message": str(failure.get("message") or "")}
+        if failure else None,
+        "duration": fmt_duration(num(run.get("duration_s"))),
+        "started": fmt_clock(ts(run.get("started_at")), now), "ended": fmt_clock(ts(run.get("ended_at")), now),
+        "unreachable_since": fmt_clock(ts(host.get("unreachable_since")), now) if state == "unreachable" else "",
+        "note": state_file_note(run) if run and state in ("running", "stalled") else "",
+    }
+
+
+def overview(status: dict, now: float) -> dict:
+    """Hosts × stages: one row per host, its stages as cells in pipeline order."""
+    runs = {r.get("id"): r for r in status.get("runs") or [] if isinstance(r, dict)}
+    hosts = {h.get("name"): h for h in status.get("hosts") or [] if isinstance(h, dict)}
+    rows: dict[str, list] = {name: [] for name in hosts}
+    for s in status.get("stages") or []:
+        if not isinstance(s, dict):
+            continue
+        c = guarded(lambda: cell(s, runs.get(s.get("latest_run")), hosts, now),
+                    {"stage": str(s.get("name")), "host": str(s.get("host")), "state": "unknown",
+                     "run_id": s.get("latest_run")})
+        rows.setdefault(str(s.get("host")), []).append(c)
+    counts: dict[str, int] = {}
+    for cells in rows.values():
+        for c in cells:
+            counts[c["state"]] = counts.get(c["state"], 0) + 1
+    return {"rows": [{"host": hosts.get(name, {"name": name}), "cells": cells} for name, cells in rows.items()],
+            "counts": counts, "pipeline": eta_view(finish_times(status.get("pipeline"), now), now, "eta")}
+
+
+# -- the pipeline timeline ------------------------------------------------------------------------
+
+def timeline(status: dict, now: float) -> dict:
+    """Rows of segments: finished runs as they ran, the running one so far and its predicted rest,
+    then the stages still to come, each after the ones it depends on. Predictions come from the
+    ETA engine when it gave them; otherwise a stage to come lasts what its last completed run took."""
+    runs = [r for r in status.get("runs") or [] if isinstance(r, dict)]
+    by_id = {r.get("id"): r for r in runs}
+    ends: dict[str, float] = {}  # predicted or real end of each stage, for its dependants
+    rows = []
+    for s in status.get("stages") or []:
+        if not isinstance(s, dict):
+            continue
+        row = guarded(lambda: _timeline_row(s, by_id.get(s.get("latest_run")), runs, ends, now),
+                      {"stage": str(s.get("name")), "segments": [], "note": "unreadable"})
+        rows.append(row)
+    starts = [seg["start"] for r in rows for seg in r["segments"]]
+    stops = [seg.get("high") or seg["end"] for r in rows for seg in r["segments"]]
+    fin = finish_times(status.get("pipeline"), now)
+    if fin is None and any(seg["kind"] == "predicted" for r in rows for seg in r["segments"]):
+        fin = {"at": max(ends.values()), "low": None, "high": None}
+    t0 = min(starts + [now])
+    t1 = max(stops + [now] + ([fin.get("high") or fin["at"]] if fin else []))
+    pad = max((t1 - t0) * 0.03, 30.0)
+    unknown = [r["stage"] for r in rows if not r["segments"] and r.get("state") == "pending"]
+    return {"rows": rows, "start": t0 - pad, "end": t1 + pad, "now": now,
+            "finish": fin, "finish_view": eta_view(fin, now, "eta"), "unestimated": unknown}
+
+
+def _timeline_row(stage: dict, run: dict | None, runs: list[dict], ends: dict, now: float) -> dict:
+    name = str(stage.get("name"))
+    # the run's own state draws the bar: a stage shown `unreachable` may hold a run that ended
+    state = str((run or {}).get("state") or stage.get("state") or "pending")
+    if state == "running" and stage.get("state") in ("stalled", "unreachable"):
+        state = str(stage.get("state"))
+    segs = []
+    note = ""
+    start = ts((run or {}).get("started_at"))
+    deps_end = max([ends[d] for d in stage.get("depends_on") or [] if d in ends] + [now])
+    if run and start is not None and state in FINAL:
+        end = ts(run.get("ended_at")) or start + (num(run.get("duration_s")) or 0)
+        segs.append({"kind": state, "start": start, "end": end,
+                     "tip": f"{name}: {state}, {fmt_duration(end - start)}"})
+        ends[name] = end if state == "completed" else now
+    elif run and start is not None and state in ("running", "stalled", "unreachable"):
+        segs.append({"kind": state, "start": start, "end": now, "tip": f"{name}: {state} for {fmt_duration(now - start)}"})
+        fin, _src = run_finish(run, stage, now)
+        if fin and fin["at"] > now:
+            segs.append({"kind": "predicted", "start": now, "end": fin["at"], "low": fin.get("low"),
+                         "high": fin.get("high"), "tip": f"{name}: predicted to finish at {fmt_clock(fin['at'], now)}"})
+        ends[name] = fin["at"] if fin else now
+    else:
+        fin = finish_times(stage.get("eta"), now)
+        est = _last_duration(name, runs)
+        if fin is not None:
+            begin = ts(mapping(stage.get("eta")).get("start_at")) or deps_end
+            segs.append({"kind": "predicted", "start": begin, "end": fin["at"], "low": fin.get("low"),
+                         "high": fin.get("high"), "tip": f"{name}: predicted {fmt_clock(begin, now)}–"
+                                                         f"{fmt_clock(fin['at'], now)}"})
+            ends[name] = fin["at"]
+        elif est is not None:
+            segs.append({"kind": "predicted", "start": deps_end, "end": deps_end + est,
+                         "tip": f"{name}: about {fmt_duration(est)} (its last run)"})
+            ends[name] = deps_end + est
+        else:
+            note = "no estimate yet (never completed)"
+            ends[name] = deps_end
+    return {"stage": name, "state": state, "segments": segs, "note": note}
+
+
+def _last_duration(stage: str, runs: list[dict]) -> float | None:
+    done = [num(r.get("duration_s")) for r in runs if r.get("stage") == stage and r.get("state") == "completed"]
+    done = [d for d in done if d is not None]
+    return done[-1] if done else None
+
+
+# -- rate plots -----------------------------------------------------------------------------------
+
+def bar_history(log_state: Any) -> list[tuple[float, float]]:
+    """The current bar's (elapsed_s, n) samples from the state JSON (progress.history), in order."""
+    hist = mapping(mapping(log_state).get("progress")).get("history")
+    out = []
+    for item in hist if isinstance(hist, list) else []:
+        if isinstance(item, dict):
+            e, n = num(item.get("elapsed_s")), num(item.get("n"))
+        elif isinstance(item, (list, tuple)) and len(item) >= 2:
+            e, n = num(item[0]), num(item[1])
+        else:
+            continue
+        if e is not None and n is not None:
+            out.append((e, n))
+    return out
+
+
+def seconds_per_item(samples: list[tuple[float, float]], resolution_s: float = 1.0,
+                     max_points: int = 120) -> list[tuple[float, float]]:
+    """(item index, seconds per item) over the run: consecutive samples joined until they span at
+    least resolution_s (tqdm prints whole seconds) and one item, and more when there are many."""
+    if len(samples) < 2:
+        return []
+    span = samples[-1][0] - samples[0][0]
+    min_dt = max(resolution_s, span / max_points)
+    out = []
+    a = samples[0]
+    for b in samples[1:]:
+        dn, dt = b[1] - a[1], b[0] - a[0]
+        if dn < 0 or dt < 0:  # the bar restarted: start again from here
+            a = b
+            continue
+        if dn >= 1 and dt >= min_dt:
+            out.append(((a[1] + b[1]) / 2, dt / dn))
+            a = b
+    return out
+
+
+def rate_plots(status: dict) -> list[dict]:
+    """One plot per running run whose current bar has a history: time per item over the run."""
+    plots = []
+    for r in status.get("runs") or []:
+        if not isinstance(r, dict) or r.get("state") != "running":
+            continue
+        ls = mapping(r.get("log_state"))
+        prog = mapping(ls.get("progress"))
+        pts = seconds_per_item(bar_history(ls))
+        unit = str(prog.get("unit") or "it")
+        title = " · ".join(str(x) for x in (r.get("stage"), ls.get("phase") or prog.get("label")) if x)
+        plots.append({"run_id": r.get("id"), "stage": r.get("stage"), "host": r.get("host"), "title": title,
+                      "points": pts, "unit": unit, "x_label": f"{unit} (item index)",
+                      "y_label": f"s/{unit}"})
+    return plots
+
+
+# -- run page -------------------------------------------------------------------------------------
+
+def metric_series(log_state: Any) -> list[dict]:
+    """Each metric as (step, value) points; malformed entries are dropped, not fatal."""
+    out = []
+    for name, series in sorted(mapping(mapping(log_state).get("metrics")).items()):
+        pts = []
+        for item in series if isinstance(series, list) else []:
+            if isinstance(item, (list, tuple)) and len(item) >= 2 and num(item[0]) is not None \
+                    and num(item[1]) is not None:
+                pts.append((num(item[0]), num(item[1])))
+        if pts:
+            out.append({"name": str(name), "points": pts, "last": pts[-1][1], "count": len(pts)})
+    return out
+
+
+def phases_view(log_state: Any) -> list[dict]:
+    out = []
+    for p in mapping(log_state).get("phases") or []:
+        if isinstance(p, dict):
+            out.append({"name": str(p.get("name") or "?"), "duration": fmt_duration(num(p.get("duration_s"))),
+                        "started_line": p.get("started_line"), "ended_line": p.get("ended_line")})
+    return out
+
+
+def preflight_view(run: dict) -> list[dict]:
+    """Preflight results, when the run record or its state carries them: [{check, ok, message}]."""
+    raw = run.get("preflight") or mapping(run.get("log_state")).get("preflight")
+    if isinstance(raw, dict):
+        raw = raw.get("checks") or [{"check": k, **(v if isinstance(v, dict) else {"ok": bool(v)})}
+                                    for k, v in raw.items()]
+    out = []
+    for c in raw if isinstance(raw, list) else []:
+        if isinstance(c, dict):
+            out.append({"check": str(c.get("check") or c.get("name") or "?"), "ok": c.get("ok"),
+                        "message": str(c.get("message") or c.get("detail") or "")})
+    return out
+
+
+def exit_view(run: dict) -> str:
+    state = run.get("state")
+    if state in ("running", "pending"):
+        return f"{state} (pid {run.get('pid')})" if run.get("pid") else str(state)
+    if run.get("signal"):
+        return f"{state}: signal {run['signal']}" + (" (stop requested)" if run.get("stop_requested") else "")
+    if run.get("lost"):
+        return f"{state}: jobwrap vanished (host rebooted or wrapper killed); no exit status"
+    return f"{state}: exit code {run.get('exit_code')}"
+
+
+_ANSI = __import__("re").compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b.")
+
+
+def log_tail(data: bytes, lines: int = 60) -> list[str]:
+    """The last lines of a log as a terminal would show them: `\\r` frames keep their last state,
+    ANSI colour codes are dropped, invalid UTF-8 replaced. (Escaping is the template's job.)"""
+    text = data.decode("utf-8", "replace").replace("\r\n", "\n")
+    shown = [_ANSI.sub("", ln.rstrip("\r").rsplit("\r", 1)[-1]) for ln in text.split("\n")]
+    if shown and shown[-1] == "":
+        shown.pop()
+    return [ln[:2000] for ln in shown[-lines:]]
+
+
+def gpus_view(host: dict) -> list[dict]:
+    out = []
+    for g in host.get("gpus") or [] if isinstance(host.get("gpus"), list) else []:
+        if not isinstance(g, dict):
+            continue
+        used, total = num(g.get("memory_used_mib")), num(g.get("memory_total_mib"))
+        util = num(g.get("utilization_pct"))
+        out.append({"index": g.get("index"), "name": str(g.get("name") or "GPU"),
+                    "util": util, "mem": f"{used / 1024:.1f} / {total / 1024:.1f} GiB" if used is not None and total
+                    else "", "mem_ratio": (used / total) if used is not None and total else None})
+    return out

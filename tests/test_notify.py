@@ -1,0 +1,177 @@
+"""Notifications and plans: exactly once with several processes polling, stalled, a stop on purpose
+is no failure, the three body formats, the pure rules (events, propagation, schedules)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TmpLab
+from test_cron import Receiver, _kill_drainer
+from eaglelab import cron as cronlib
+from eaglelab import notify
+from eaglelab.errors import EaglelabError
+from eaglelab.plan import propagate
+
+POLLER = """
+import sys, time
+from eaglelab.lab import Lab
+lab = Lab.load()
+stage, until = sys.argv[1], sys.argv[2]
+deadline = time.time() + 60
+while time.time() < deadline:
+    lab.refresh()
+    r = lab.latest(stage) or {}
+    if r.get("state") == until or (r.get("log_state") or {}).get("state") == until:
+        break
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def hooked(tmplab: TmpLab):
+    r = Receiver()
+    tmplab.write_lab(f"notify:\n  status_url: http://127.0.0.1:8765/\n  webhooks:\n"
+                     f"    - {{url: '{r.url}/g', format: generic}}\n")
+    tmplab.write_pipeline(f"""\
+        stages:
+          quick:
+            host: local
+            command: ["${{python}}", "-m", "eaglelab.stages.tick", "--steps", "15", "--delay", "0.1"]
+          sleepy:
+            host: local
+            command: ["${{python}}", "-m", "eaglelab.stages.tick", "--steps", "1", "--delay", "120"]
+        """)
+    yield tmplab, r
+    _kill_drainer(tmplab)
+    r.close()
+
+
+def pollers(lab: TmpLab, stage: str, until: str, n: int = 3) -> None:
+    env = {**lab.env(), "PYTHONPATH": f"{REPO}/py"}
+    procs = [subprocess.Popen([sys.executable, "-c", POLLER, stage, until], env=env) for _ in range(n)]
+    for p in procs:
+        assert p.wait(timeout=90) == 0
+
+
+def notifications(lab: TmpLab) -> list[tuple[str, str]]:
+    db = sqlite3.connect(lab.logs / "registry.sqlite")
+    try:
+        return db.execute("SELECT event, stage FROM notifications ORDER BY created_at").fetchall()
+    finally:
+        db.close()
+
+
+def test_completed_once_with_three_processes_polling(hooked):
+    lab, receiver = hooked
+    lab.lab("run", "quick", "--detach")
+    pollers(lab, "quick", "completed")  # three processes race to see the run end
+    assert notifications(lab) == [("completed", "quick")]
+    lab.wait_for(lambda: [d for d in json.loads(lab.lab("notify", "log", "--json").stdout)["deliveries"]
+                          if d["state"] == "sent"])
+    (got,) = receiver.json("/g")
+    run = lab.runs("quick")[-1]
+    assert got["event"] == "completed" and got["run_id"] == run["id"] and got["host"] == "local"
+    assert got["duration_s"] > 0 and got["text"].startswith("quick completed on local in ")
+    # Later polls of the same ended run are no news.
+    lab.lab("status")
+    assert notifications(lab) == [("completed", "quick")]
+
+
+def test_stalled_once_and_a_stop_on_purpose_is_no_failure(hooked):
+    lab, receiver = hooked
+    lab.lab("run", "sleepy", "--detach")
+    run_dir = Path(lab.wait_for(lambda: [r for r in lab.runs("sleepy") if r["state"] == "running"])[0]["run_dir"])
+    lab.wait_for(lambda: b"counting" in (run_dir / "output.log").read_bytes())
+    # What the tailer writes when a log stops moving (docs/interfaces.md, state JSON schema 1).
+    from eaglelab.fsutil import atomic_write_json
+    atomic_write_json(run_dir / "state.json", {"schema": 1, "state": "stalled", "failure": None, "progress": None,
+                                               "phase": None, "phases": [], "metrics": {}, "lines": 2,
+                                               "bad_lines": 0})
+    pollers(lab, "sleepy", "stalled")
+    assert notifications(lab) == [("stalled", "sleepy")]
+    lab.wait_for(lambda: receiver.json("/g"))
+    (got,) = receiver.json("/g")
+    assert got["event"] == "stalled" and "stalled on local" in got["text"]
+
+    out = lab.lab("stop", "sleepy", "--grace", "2").stdout
+    assert "killed" in out
+    assert notifications(lab) == [("stalled", "sleepy")]  # stopped by a person: no "failed"
+
+
+def test_a_killed_stage_is_a_failure_with_its_signal(hooked):
+    lab, receiver = hooked
+    lab.lab("run", "sleepy", "--detach")
+    run = lab.wait_for(lambda: [r for r in lab.runs("sleepy") if r["state"] == "running" and r.get("pid")])[0]
+    os.kill(run["pid"], signal.SIGKILL)  # the stage dies (OOM killer, a person with kill -9)
+    pollers(lab, "sleepy", "killed", n=2)
+    assert notifications(lab) == [("failed", "sleepy")]
+    lab.wait_for(lambda: receiver.json("/g"))
+    (got,) = receiver.json("/g")
+    assert got["reason"] == "killed by signal 9" and got["signal"] == 9
+
+
+# -- pure rules --------------------------------------------------------------------------------
+
+def test_events_for_transitions():
+    running = {"state": "running", "log_state": None}
+    assert notify.events_for(None, {"state": "completed"}) == []  # first seen ended: history
+    assert notify.events_for(running, {"state": "completed"}) == ["completed"]
+    assert notify.events_for(running, {"state": "failed"}) == ["failed"]
+    assert notify.events_for(running, {"state": "killed", "stop_requested": True}) == []
+    assert notify.events_for(running, {"state": "killed", "lost": True}) == ["failed"]
+    assert notify.events_for({"state": "completed"}, {"state": "completed"}) == []
+    stalled = {"state": "running", "log_state": {"state": "stalled"}}
+    assert notify.events_for(running, stalled) == ["stalled"]
+    assert notify.events_for(stalled, stalled) == []
+
+
+def test_failure_reason_prefers_the_parsers_diagnosis():
+    run = {"stage": "train", "host": "gpu1", "id": "train-1", "state": "failed", "exit_code": 1, "duration_s": 3725,
+           "log_state": {"failure": {"reason": "cuda_oom", "message": "torch.OutOfMemoryError: CUDA out of memory",
+                                     "line": 812}}}
+    p = notify.stage_payload("failed", run, "http://lab:8765/", 0)
+    assert p["reason"] == "cuda_oom: torch.OutOfMemoryError: CUDA out of memory"
+    assert p["text"] == "train failed on gpu1 after 1h 02m: cuda_oom: torch.OutOfMemoryError: CUDA out of memory"
+    body, headers = notify.render("slack", p)
+    slack = json.loads(body)
+    assert slack["text"].startswith(":x: train failed on gpu1") and "<http://lab:8765/|status page>" in body.decode()
+    body, headers = notify.render("ntfy", p)
+    assert body.decode().startswith("train failed on gpu1") and headers["Priority"] == "4"
+    assert headers["Click"] == "http://lab:8765/" and headers["Title"] == "eaglelab: failed"
+    body, headers = notify.render("generic", p)
+    assert json.loads(body)["failure"]["reason"] == "cuda_oom" and headers["Content-Type"] == "application/json"
+
+
+def test_upstream_reruns_propagate_downstream_only():
+    deps = {"a": [], "b": ["a"], "c": ["b"], "d": ["a"], "e": []}
+    own = {n: ("skip", "up to date") for n in deps}
+    assert propagate(list(deps), deps, own) == own
+    out = propagate(list(deps), deps, {**own, "b": ("run", "failed")})
+    assert [n for n in deps if out[n][0] == "run"] == ["b", "c"]
+    assert out["c"][1] == "upstream b will rerun, so its outputs change"
+    out = propagate(list(deps), deps, {**own, "a": ("attach", "running")})
+    assert [n for n in deps if out[n][0] == "run"] == ["b", "c", "d"]
+    assert out["b"][1].startswith("upstream a is running now")
+
+
+def test_schedules():
+    assert cronlib.check_schedule(" 0  3 * * * ") == "0 3 * * *"
+    assert cronlib.check_schedule("@daily") == "@daily"
+    for bad in ("0 3 * *", "61 3 * * *", "0 3 * * * *", "@reboot", "nightly", ""):
+        with pytest.raises(EaglelabError, match="not a cron schedule"):
+            cronlib.check_schedule(bad)
+    import datetime as dt
+    start = dt.datetime(2026, 11, 29, 21, 0, tzinfo=dt.timezone.utc)
+    assert [t.isoformat() for t in cronlib.next_times("0 3 * * *", start, 2)] == [
+        "2026-11-30T03:00:00+00:00", "2026-12-01T03:00:00+00:00"]
+    with pytest.raises(EaglelabError, match="'%'"):
+        cronlib.fire_command(target="pipeline", python="/v/bin/python", repo=Path("/r"), conf_dir=Path("/c/50%"),
+                             profile=None, logs_dir=Path("/l"))

@@ -1,0 +1,89 @@
+"""The ssh command line and the log mirror, without a host: what exactly reaches the remote shell."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from eaglelab.config import HostConfig, SshConfig
+from eaglelab.errors import HostError
+from eaglelab.executors.ssh import SshExecutor, remote_rel
+from eaglelab.mirror import LogMirror, safe_name
+
+HOSTILE = ["; rm -rf /", "$(touch /tmp/x)", "`id`", "a'b", 'a"b', "\\", "*", "\n", "--", "-oProxyCommand=x"]
+
+
+def executor(tmp_path: Path, **ssh) -> SshExecutor:
+    host = HostConfig(name="gpu1", reach="ssh", ssh=SshConfig(host="gpu1", **ssh), repo_dir="~/eaglelab",
+                      python=".venv/bin/python", work_dir="runs-data")
+    return SshExecutor(host, logs_dir=tmp_path)
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_remote_command_is_one_quoted_argv(tmp_path, value):
+    ex = executor(tmp_path)
+    args = {"work_dir": value, "spec": {"command": [value, "x"], "host": value}}
+    argv = shlex.split(ex.remote_command("launch", args))  # what a POSIX shell on the host makes of it
+    assert argv == ["env", "PYTHONPATH=eaglelab/py", "eaglelab/.venv/bin/python", "-m", "eaglelab.hostside",
+                    "launch", json.dumps(args)]
+    assert json.loads(argv[-1]) == args
+
+
+def test_ssh_options(tmp_path):
+    ex = executor(tmp_path, user="alice", port=2222, options=["ProxyJump=bastion"], connect_timeout_s=3)
+    argv = ex.ssh_argv()
+    assert argv[:2] == ["ssh", "-T"] and "-t" not in argv
+    joined = " ".join(argv)
+    for opt in ("BatchMode=yes", "ConnectTimeout=3", "ServerAliveInterval=5", "ServerAliveCountMax=3",
+                "ControlMaster=auto", "ControlPersist=300", "ProxyJump=bastion"):
+        assert opt in joined
+    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "alice"
+    assert "ControlPath=none" in " ".join(executor(tmp_path, multiplex=False).ssh_argv())
+
+
+def test_control_path_is_short_and_per_lab(tmp_path):
+    a, b = executor(tmp_path / "a"), executor(tmp_path / "b")
+    assert a.control_path() != b.control_path()  # two labs with the same host never share a master
+    deep = executor(tmp_path / ("d" * 120))
+    assert len(deep.control_path()) <= 90  # sun_path limit: falls back to a short private dir
+
+
+def test_a_destination_that_looks_like_an_option_is_refused(tmp_path):
+    with pytest.raises(HostError, match="may not start with '-'"):
+        SshExecutor(
+            HostConfig(name="x", reach="ssh", ssh=SshConfig(host="-oProxyCommand=id")), logs_dir=tmp_path)
+
+
+@pytest.mark.parametrize("path, expected", [("~/x/y", "x/y"), ("~", "."), ("/abs", "/abs"), ("rel", "rel")])
+def test_remote_rel(path, expected):
+    assert remote_rel(path) == expected
+
+
+def test_paths_relative_to_repo_and_home(tmp_path):
+    ex = executor(tmp_path)
+    assert ex.work_dir == "eaglelab/runs-data"  # relative to the remote home, resolved there
+    assert ex.remote_python == "eaglelab/.venv/bin/python"
+    ex._home = "/home/alice"
+    assert ex.repo_dir() == "/home/alice/eaglelab" and ex.python == "/home/alice/eaglelab/.venv/bin/python"
+    assert ex.host_path("~/data") == "/home/alice/data" and ex.host_path("/d") == "/d"
+
+
+def test_mirror_appends_only_what_continues_it(tmp_path):
+    m = LogMirror(tmp_path)
+    log = b"0123456789abcdef"
+    assert m.offer("h", "r", 0, log[:4]) == 4
+    assert m.offer("h", "r", 0, log[:4]) == 0  # the same bytes again: nothing doubled
+    assert m.offer("h", "r", 2, log[2:8]) == 4  # an overlapping read: only the new tail
+    assert m.offer("h", "r", 10, log[10:]) == 0  # a gap: refused (the next sync fills it in order)
+    assert m.offer("h", "r", 8, log[8:]) == 8
+    assert m.path("h", "r").read_bytes() == log and m.size("h", "r") == len(log)
+
+
+def test_mirror_file_names_for_hostile_host_names(tmp_path):
+    m = LogMirror(tmp_path)
+    p = m.path("../../etc; rm -rf $(x)", "run-1")
+    assert p.parent.parent == tmp_path and safe_name("ok-name.1") == "ok-name.1"
+    assert safe_name("a/b") != safe_name("a_b")  # distinct names stay distinct

@@ -1,0 +1,174 @@
+"""Stages on real hosts over ssh (namespaces + sshd, tests/testlab.py): parallel launch, a killed
+controller, a cut link, a job killed on its host, stop, orphans. The real `lab` CLI throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+
+def tick(host: str, steps: int, delay: float) -> dict:
+    return {"host": host, "command": ["${python}", "-m", "eaglelab.stages.tick", "--steps", str(steps),
+                                      "--delay", str(delay)]}
+
+
+def wait_for(pred, timeout: float = 60, interval: float = 0.3):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def runs_by_stage(status: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in status["runs"]:
+        out.setdefault(r["stage"], []).append(r)
+    return out
+
+
+def host_run_ids(sshlab, host: str) -> list[str]:
+    d = sshlab.net.home(host) / sshlab.work[2:] / "runs"
+    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+def test_parallel_launch_on_every_host_and_status_shows_all(sshlab):
+    hosts = list(sshlab.net.hosts)
+    sshlab.write({f"t_{h}": tick(h, 8, 0.25) for h in hosts})
+    procs = [sshlab.popen("run", f"t_{h}", "--detach", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for h in hosts]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, (out, err)
+    st = sshlab.status()
+    assert {h["name"]: h["reachable"] for h in st["hosts"]} == {h: True for h in hosts}
+    by_stage = runs_by_stage(st)
+    for h in hosts:
+        (run,) = by_stage[f"t_{h}"]
+        assert run["host"] == h and run["state"] in ("running", "completed")
+        # it ran on that host: its run directory is under that host's own home
+        assert run["run_dir"].startswith(str(sshlab.net.home(h)) + "/")
+        assert host_run_ids(sshlab, h) == [run["id"]]
+    final = wait_for(lambda: (s := sshlab.status()) and all(r["state"] == "completed" for r in s["runs"]) and s)
+    assert sorted((r["host"], r["exit_code"]) for r in final["runs"]) == [(h, 0) for h in hosts]
+
+
+def test_killed_controller_recovers_every_run_and_restarts_none(sshlab):
+    hosts = list(sshlab.net.hosts)
+    sshlab.write({f"t_{h}": tick(h, 60, 0.2) for h in hosts})
+    procs = [sshlab.popen("run", f"t_{h}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for h in hosts]
+    wait_for(lambda: all(len(host_run_ids(sshlab, h)) == 1 for h in hosts), timeout=60)
+    first = {h: host_run_ids(sshlab, h)[0] for h in hosts}
+    for p in procs:  # the controller dies mid-run (closed laptop, OOM, kill -9) ...
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    for f in sshlab.logs.glob("registry.sqlite*"):  # ... and its registry with it
+        f.unlink()
+    st = sshlab.status()  # rebuilt from the hosts alone
+    assert {r["host"]: (r["id"], r["state"]) for r in st["runs"]} == {h: (first[h], "running") for h in hosts}
+    # `lab run` again (as `make` would) attaches to each run; nothing is started twice
+    again = {h: sshlab.popen("run", f"t_{h}", "--quiet", stdout=subprocess.PIPE, text=True) for h in hosts}
+    for h, p in again.items():
+        out = p.communicate(timeout=120)[0]
+        assert p.returncode == 0 and first[h] in out and ("attaching" in out or "up to date" in out), out
+    st = sshlab.status()
+    assert sorted((r["host"], r["id"], r["state"], r["exit_code"]) for r in st["runs"]) == \
+        [(h, first[h], "completed", 0) for h in hosts]
+    assert {h: host_run_ids(sshlab, h) for h in hosts} == {h: [first[h]] for h in hosts}
+
+
+def test_cut_link_keeps_job_running_and_mirror_equals_host_log(sshlab):
+    net = sshlab.net
+    sshlab.write({"long": tick("h2", 60, 0.2)}, hosts=["h2"])
+    sshlab.lab("run", "long", "--detach")
+    run_id = host_run_ids(sshlab, "h2")[0]
+    host_log = sshlab.run_dir("h2", run_id) / "output.log"
+    wait_for(lambda: host_log.exists() and host_log.stat().st_size > 200)
+    sshlab.lab("mirror", "long")  # the controller's copy has a prefix of the log
+    mirror = sshlab.logs / "mirror" / "h2" / f"{run_id}.log"
+    before_cut = mirror.stat().st_size
+    assert before_cut > 0
+    net.cut("h2")
+    try:
+        cut_at = time.time()
+        st = sshlab.status()
+        h2 = next(h for h in st["hosts"] if h["name"] == "h2")
+        assert h2["reachable"] is False and h2["unreachable_since"]
+        run = next(r for r in st["runs"] if r["id"] == run_id)
+        assert run["state"] == "running" and run["host_unreachable"] is True  # last known state, not failed
+        assert next(s for s in st["stages"] if s["name"] == "long")["state"] == "unreachable"
+        assert sshlab.lab("mirror", "long", check=False).returncode != 0
+        time.sleep(max(0.0, 5 - (time.time() - cut_at)))  # longer than ConnectTimeout 2 + ServerAlive 1×2
+        size_during_cut = host_log.stat().st_size
+        assert sshlab.status()["hosts"][0]["reachable"] is False
+    finally:
+        net.restore("h2")
+    assert host_log.stat().st_size > size_during_cut or (sshlab.run_dir("h2", run_id) / "exit.json").exists()
+    final = wait_for(lambda: (r := next(r for r in sshlab.status()["runs"] if r["id"] == run_id))["state"]
+                     == "completed" and r, timeout=60)
+    assert final["exit_code"] == 0 and host_run_ids(sshlab, "h2") == [run_id]
+    sshlab.lab("mirror", "long")
+    assert mirror.read_bytes() == host_log.read_bytes()
+    assert b"tick: done" in mirror.read_bytes()
+
+
+def test_job_sigkilled_on_host_ends_killed_by_signal_9(sshlab):
+    sshlab.write({"victim": tick("h3", 300, 0.1)}, hosts=["h3"])
+    sshlab.lab("run", "victim", "--detach")
+    run_id = host_run_ids(sshlab, "h3")[0]
+    meta = sshlab.run_dir("h3", run_id) / "meta.json"
+    pid = wait_for(lambda: json.loads(meta.read_text()).get("pid"))
+    os.kill(pid, signal.SIGKILL)  # the host's OOM killer, or a user's kill -9
+    run = wait_for(lambda: (r := sshlab.status()["runs"][0])["state"] != "running" and r, timeout=20)
+    assert (run["state"], run["signal"], run["exit_code"]) == ("killed", 9, None)
+    assert run["ended_at"]
+
+
+def test_stop_reaches_the_remote_process_group(sshlab):
+    # a stage whose child ignores TERM: only the group KILL after the grace ends it
+    script = ("import subprocess, time; subprocess.Popen(['sh', '-c', 'trap \"\" TERM; sleep 300']); "
+              "print('up', flush=True); time.sleep(300)")
+    sshlab.write({"svc": {"host": "h1", "command": ["${python}", "-c", script], "stop_grace_s": 1}}, hosts=["h1"])
+    sshlab.lab("run", "svc", "--detach")
+    run_id = host_run_ids(sshlab, "h1")[0]
+    meta = sshlab.run_dir("h1", run_id) / "meta.json"
+    pgid = wait_for(lambda: json.loads(meta.read_text()).get("pgid"))
+    wait_for(lambda: b"up" in (sshlab.run_dir("h1", run_id) / "output.log").read_bytes())
+    out = sshlab.lab("stop", "svc").stdout
+    assert "killed" in out
+    run = sshlab.status()["runs"][0]
+    assert run["state"] == "killed" and run["signal"] in (15, 9)
+    wait_for(lambda: not _group_alive(pgid), timeout=10)  # the sleep child is gone too
+
+
+def test_stage_leaving_processes_behind_is_reported(sshlab):
+    # the stage exits 0 but leaves a child of its group running (a zombie worker holding GPU memory)
+    script = "import subprocess; subprocess.Popen(['sleep', '300']); print('bye')"
+    sshlab.write({"leaky": {"host": "h1", "command": ["${python}", "-c", script]}}, hosts=["h1"])
+    sshlab.lab("run", "leaky", "--quiet")
+    run = sshlab.status()["runs"][0]
+    assert run["state"] == "completed" and run["orphans"] is True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_logs_follow_streams_from_the_host_and_mirrors(sshlab):
+    sshlab.write({"talk": tick("h1", 10, 0.2)}, hosts=["h1"])
+    sshlab.lab("run", "talk", "--detach")
+    out = sshlab.lab("logs", "-f", "talk").stdout
+    (run_id,) = host_run_ids(sshlab, "h1")
+    host_log = (sshlab.run_dir("h1", run_id) / "output.log").read_bytes()
+    text = host_log.decode().replace("\r\n", "\n").replace("\r", "\n")  # as a text-mode pipe reads it
+    assert out.startswith(text) and out.rstrip().endswith(f"{run_id} completed")
+    assert (sshlab.logs / "mirror" / "h1" / f"{run_id}.log").read_bytes() == host_log
