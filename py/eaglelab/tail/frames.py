@@ -7,7 +7,8 @@
   bytes and counted as bad; the rest of it is skipped without being kept.
 - Invalid UTF-8 is decoded with replacement characters and the line counted as bad.
 - Frame runs (tqdm redrawing one bar thousands of times without a newline) are decimated: all
-  frames of a short run, else one frame per sample_bytes plus the last. Live tailing reads small
+  frames of a short run, else one frame per sample_bytes of the stream (a line's last frame is
+  its visible text and always seen). Live tailing reads small
   chunks, so it sees every frame; a bulk read of a GB log does not need to (the bar's history is
   bounded anyway). sample_bytes=0 hands over every frame (a replay that wants them all).
 """
@@ -42,6 +43,9 @@ class FrameSplitter:
         self._partial = b""      # bytes after the last terminator (at most max_line)
         self._skipping = False   # inside an over-long line/frame whose head was handed over
         self._held: bytes | None = None  # the partial frame last handed to on_provisional
+        self._fed = 0            # bytes fed so far (stream offset)
+        self._base = 0           # stream offset of the buffer being worked on
+        self._due = 0            # stream offset from which the next sampled frame is taken
 
     def reset(self) -> None:
         """The file was truncated or replaced: forget the partial line (counters go on)."""
@@ -52,12 +56,16 @@ class FrameSplitter:
     def feed(self, data: bytes) -> None:
         if not data:
             return
+        fed = self._fed
+        self._fed += len(data)
         if self._skipping:
             cut = _first_terminator(data)
             if cut < 0:
                 return
             self._skipping = False
             data = data[cut:]
+            fed += cut
+        self._base = fed - len(self._partial)  # stream offset of buf[0]
         buf = self._partial + data if self._partial else data
         # Work on offsets into buf: a tqdm "line" is often megabytes of frames, never copied whole.
         pos = 0
@@ -121,8 +129,7 @@ class FrameSplitter:
                 self.on_provisional(core.decode("utf-8", "replace"), self.lines + 1)
 
     def _frames(self, buf: bytes, a: int, end: int, lineno: int) -> None:
-        """The \\r-separated frames in buf[a:end]; a long run is sampled: one frame per
-        sample_bytes, and its last one.
+        """The \\r-separated frames in buf[a:end]; a long run is sampled: one frame per sample_bytes.
 
         Sampling finds frames with find/rfind instead of splitting the run: a run is often
         megabytes of one bar redrawn, and only a few of its frames say anything new.
@@ -133,19 +140,24 @@ class FrameSplitter:
         if not step or end - a <= SMALL_RUN:
             picked = buf[a:end].split(b"\r")
         else:
+            # One frame per `step` bytes of the stream, wherever chunks and lines begin and end.
+            # A run's last frame needs no special care: it is the line's visible text (or the
+            # partial line, at EOF).
             picked = []
-            pos = a
-            while True:
+            pos, base = a, self._base
+            while pos < end:
+                due = self._due - base
+                if due > pos:
+                    f0 = buf.find(b"\r", due - 1, end)
+                    if f0 < 0:
+                        break
+                    pos = f0 + 1
                 f1 = buf.find(b"\r", pos, end)
+                picked.append(buf[pos:f1 if f1 >= 0 else end])
+                self._due = base + pos + step
                 if f1 < 0:
-                    picked.append(buf[pos:end])  # the run's last frame
                     break
-                picked.append(buf[pos:f1])
-                nxt = buf.find(b"\r", pos + step, end)  # the frame that starts a step further on
-                if nxt < 0:
-                    picked.append(buf[buf.rfind(b"\r", f1, end) + 1:end])  # jump to the last one
-                    break
-                pos = nxt + 1
+                pos = f1 + 1
         for f in picked:
             if not f:
                 continue

@@ -6,9 +6,8 @@ from pathlib import Path
 
 from ..errors import EaglelabError
 from ..parse.state import LogState
+from .follower import CHUNK
 from .frames import SAMPLE_BYTES, FrameSplitter
-
-CHUNK = 4 << 20  # bigger reads than live tailing: fewer calls, memory still constant
 
 
 def parse_chunks(chunks, include_history: bool = False, state: LogState | None = None,
