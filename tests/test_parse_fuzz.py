@@ -83,3 +83,20 @@ def test_state_machine_takes_any_text_lines(lines):
         s.feed_line(line, i, now=float(i))
     snap = s.snapshot(now=1e6, alive=True)
     json.dumps(snap)
+
+
+@settings(max_examples=100, deadline=None)
+@given(chunks, st.integers(min_value=1, max_value=64))
+def test_reading_a_file_through_one_buffer_equals_feeding_chunks(parts, chunk):
+    import tempfile
+
+    from eaglelab.tail.whole import parse_file
+
+    data = b"".join(parts)
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(data)
+        f.flush()
+        from_file = parse_file(f.name, chunk=chunk)
+    from_chunks = parse_chunks([data])
+    for key in ("state", "failure", "lines", "bad_lines", "metrics", "phases", "ready", "progress"):
+        assert from_file[key] == from_chunks[key], key

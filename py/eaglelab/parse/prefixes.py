@@ -23,7 +23,7 @@ _ONE_RE = re.compile(f"(?:(?P<ts>{_DOCKER_TS})|(?P<proc>{_PAREN}|{_RANK}|{_MPI}|
 _FIRST = frozenset("([0123456789")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built for every line, and frozen init is slow
 class Split:
     prefix: str          # process prefixes joined by one space, '' if none
     message: str         # the line without them

@@ -31,7 +31,7 @@ _RICH_SRC_RE = re.compile(r"\s{2,}[\w.-]+\.py:\d+\s*$")
 _GLOG_RE = re.compile(r"\[?(?P<lv>[DIWEF])(?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d)\.\d+ (?:\d+ )?[^\]\s]+\] ?")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built for every line, and frozen init is slow
 class Record:
     level: str | None       # one of LEVELS, or None for a raw print / traceback line
     message: str            # the text without the header

@@ -89,8 +89,8 @@ class LogState:
             return
         split = split_prefix(strip_ansi(text))
         prefix, msg = split.prefix, split.message
-        if msg.strip():
-            self.last_line, self.last_line_no = msg.strip()[:500], lineno
+        if msg and not msg.isspace():
+            self.last_line, self.last_line_no = msg, lineno
         if msg.endswith("]"):
             p = parse_bar(msg, prefix)
             if p is not None:
@@ -276,7 +276,7 @@ class LogState:
             "frames": self.frames,
             "ready": self.ready_line is not None,
             "end_marker": self.done_message or None,
-            "last_line": self.last_line or None,
+            "last_line": self.last_line.strip()[:500] or None,
             "stall": None if stall is None else {"reason": stall.reason, "message": stall.message, "idle_s": stall.idle_s},
             "failures_survived": self.dismissed,
             "progress_bars": [_bar_summary(t, include_history) for t in self.bars.bars.values()],

@@ -58,26 +58,52 @@ class FrameSplitter:
             return
         fed = self._fed
         self._fed += len(data)
+        a = 0
         if self._skipping:
-            cut = _first_terminator(data)
-            if cut < 0:
+            a = _first_terminator(data, 0, len(data))
+            if a < 0:
                 return
             self._skipping = False
-            data = data[cut:]
-            fed += cut
-        self._base = fed - len(self._partial)  # stream offset of buf[0]
-        buf = self._partial + data if self._partial else data
-        # Work on offsets into buf: a tqdm "line" is often megabytes of frames, never copied whole.
-        pos = 0
+        if self._partial:
+            buf = self._partial + (data[a:] if a else data)
+            self._base, a = fed + a - len(self._partial), 0
+        else:
+            buf, self._base = data, fed
+        self._work(buf, a, len(buf))
+
+    def feed_file(self, f, chunk: int = 1 << 20) -> None:
+        """Feed a whole binary file object through one reused buffer: no allocation per read."""
+        buf = bytearray(chunk + self.max_line + 1)
+        view = memoryview(buf)
+        while True:
+            p = len(self._partial)
+            if p:
+                buf[:p] = self._partial
+            n = f.readinto(view[p:p + chunk])
+            if not n:
+                return
+            fed = self._fed
+            self._fed += n
+            a = 0
+            if self._skipping:  # then p == 0
+                a = _first_terminator(buf, 0, n)
+                if a < 0:
+                    continue
+                self._skipping = False
+            self._base = fed - p
+            self._work(buf, a, p + n)
+
+    # Work on offsets into buf: a tqdm "line" is often megabytes of frames, never copied whole.
+    def _work(self, buf, a: int, end: int) -> None:
         find = buf.find
         while True:
-            nl = find(b"\n", pos)
+            nl = find(b"\n", a, end)
             if nl < 0:
                 break
             self.lines += 1
-            self._line(buf, pos, nl)
-            pos = nl + 1
-        self._tail(buf, pos)
+            self._line(buf, a, nl)
+            a = nl + 1
+        self._tail(buf, a, end)
 
     def flush(self) -> None:
         """At EOF with the writer gone: the partial last line counts as a line."""
@@ -107,13 +133,13 @@ class FrameSplitter:
         self.on_line(self._decode(buf[a:b]), self.lines)
 
     # Bytes buf[a:] after the last newline: complete \r-frames now, the rest waits.
-    def _tail(self, buf: bytes, a: int) -> None:
+    def _tail(self, buf, a: int, total: int) -> None:
         # A trailing \r may be half of a \r\n: the frame before it waits for the next byte.
-        end = len(buf) - 1 if buf.endswith(b"\r") and len(buf) > a else len(buf)
+        end = total - 1 if total > a and buf[total - 1] == 13 else total
         start = max(a, buf.rfind(b"\r", a, end) + 1)
         if start > a:
             self._frames(buf, a, start - 1, self.lines + 1)
-        if len(buf) - start > self.max_line:
+        if total - start > self.max_line:
             self.bad += 1
             # Hand over the head now and skip the rest up to the next terminator: memory stays bounded.
             self.on_frame(self._decode(buf[start:start + self.max_line]), self.lines + 1)
@@ -121,7 +147,7 @@ class FrameSplitter:
             self._skipping = True
             self._held = None
             return
-        self._partial = buf[start:]
+        self._partial = bytes(buf[start:total])
         if self.on_provisional is not None:
             core = self._partial.rstrip(b"\r ")
             if core.endswith(b"]") and core != self._held and _FRAME_END_RE.search(core[-400:]):
@@ -166,7 +192,7 @@ class FrameSplitter:
                 self.bad += 1
             self.on_frame(self._decode(f), lineno)
 
-    def _decode(self, b: bytes) -> str:
+    def _decode(self, b) -> str:
         try:
             return b.decode("utf-8")
         except UnicodeDecodeError:
@@ -174,8 +200,8 @@ class FrameSplitter:
             return b.decode("utf-8", "replace")
 
 
-def _first_terminator(data: bytes) -> int:
-    a, b = data.find(b"\n"), data.find(b"\r")
+def _first_terminator(data, start: int, end: int) -> int:
+    a, b = data.find(b"\n", start, end), data.find(b"\r", start, end)
     if a < 0:
         return b
     if b < 0:

@@ -26,7 +26,7 @@ def parse_bytes(data: bytes, include_history: bool = False) -> dict:
     return parse_chunks([data], include_history)
 
 
-def parse_file(path: str | Path, include_history: bool = False, chunk: int = CHUNK,
+def parse_file(path: str | Path, include_history: bool = False, chunk: int = 1 << 20,
                sample_bytes: int = SAMPLE_BYTES) -> dict:
     path = Path(path)
     try:
@@ -37,5 +37,10 @@ def parse_file(path: str | Path, include_history: bool = False, chunk: int = CHU
         raise EaglelabError(f"{str(path)!r} is a directory: give a log file (e.g. {str(path / 'output.log')!r})") from None
     except PermissionError:
         raise EaglelabError(f"cannot read {str(path)!r}: permission denied") from None
+    st = LogState()
+    sp = FrameSplitter(st.feed_line, st.feed_frame, sample_bytes=sample_bytes)
     with f:
-        return parse_chunks(iter(lambda: f.read(chunk), b""), include_history, sample_bytes=sample_bytes)
+        sp.feed_file(f, chunk)
+    sp.flush()
+    st.lines, st.garbled = sp.lines, sp.bad
+    return st.snapshot(include_history=include_history)
