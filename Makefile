@@ -86,6 +86,14 @@ test-ssh: setup  ## the ssh lab tests: real hosts as network namespaces with the
 bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
 
+.PHONY: test-parse
+test-parse: setup  ## the parser and tailer tests: real logs, live tailing of real processes, fuzzing
+	$(VENV)/bin/python -m pytest tests/test_parse_*.py tests/test_tail*.py -q $(PYTEST_ARGS)
+
+.PHONY: bench-parse
+bench-parse: setup  ## parser throughput vs grep -c, memory as the log grows, live latency (bench/RESULTS.md)
+	$(VENV)/bin/python bench/bench_parse.py --mb 300 --sizes 25,100,400 --latency-n 200
+
 .PHONY: clean-runs
 clean-runs:  ## forget local runs and the registry (logs/ only; data/ stays)
 	rm -rf logs/local logs/registry.sqlite* logs/locks
