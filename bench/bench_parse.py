@@ -76,10 +76,14 @@ def line_heavy(path: Path, mb: int, seed: int = 1) -> None:
     ]
     with open(path, "w") as f:
         written = 0
+        k = 0
         while written < target:
-            chunk = "\n".join(rnd.choice(lines).format(p=rnd.randrange(10**6), m=rnd.randrange(60), s=rnd.randrange(60),
-                                                       a=rnd.random() * 1e4, b=rnd.random() * 1e3)
-                              for _ in range(5000)) + "\n"
+            out = []
+            for _ in range(5000):
+                k += 1  # a server writes a few hundred lines per second: the time moves on slowly
+                out.append(rnd.choice(lines).format(p=rnd.randrange(10**6), m=k // 30000 % 60, s=k // 500 % 60,
+                                                    a=rnd.random() * 1e4, b=rnd.random() * 1e3))
+            chunk = "\n".join(out) + "\n"
             f.write(chunk)
             written += len(chunk)
 
