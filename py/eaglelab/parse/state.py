@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal as _signal
 
+from ..fsutil import utcnow_iso
 from . import markers, speculators, vllm
 from .ansi import strip_ansi
 from .bars import BarBook, BarTrack, estimate_eta_s
@@ -162,7 +163,6 @@ class LogState:
         if detail:
             ph["detail"] = detail
         if now is not None:
-            from ..fsutil import utcnow_iso
             ph["started_at"] = utcnow_iso(now)
         self.phases.append(ph)
         if len(self.phases) > MAX_PHASES:
@@ -187,7 +187,6 @@ class LogState:
         ph["ended_line"] = lineno
         ph["duration_s"] = None if duration is None else round(float(duration), 3)
         if now is not None:
-            from ..fsutil import utcnow_iso
             ph["ended_at"] = utcnow_iso(now)
         self._open = None
 

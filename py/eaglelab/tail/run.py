@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..fsutil import atomic_write_json, parse_iso, read_json
+from ..fsutil import atomic_write_json, read_json, utcnow_iso
 from ..parse.state import LogState, combine_with_exit
 from .follower import FileFollower
 from .frames import FrameSplitter
@@ -69,7 +69,7 @@ class RunFollower:
         exit_info = read_json(self.run_dir / "exit.json")
         alive = None if exit_info else process_alive(self.run_dir, now)
         snap = self.state.snapshot(now=now, alive=alive, exit_info=exit_info)
-        snap["updated_at"] = _iso(now)
+        snap["updated_at"] = utcnow_iso(now)
         snap["log_bytes"] = self.reader.offset
         snap["final"] = final or exit_info is not None
         return snap
@@ -99,11 +99,6 @@ class RunFollower:
         snap = self.write(final=True)
         self.reader.close()
         return snap
-
-
-def _iso(t: float) -> str:
-    from ..fsutil import utcnow_iso
-    return utcnow_iso(t)
 
 
 def process_alive(run_dir: Path, now: float) -> bool | None:
@@ -180,4 +175,4 @@ def run_state(run_dir: Path) -> dict | None:
     return state
 
 
-__all__ = ["follow_run", "run_state", "RunFollower", "process_alive", "parse_iso"]
+__all__ = ["follow_run", "run_state", "RunFollower", "process_alive"]

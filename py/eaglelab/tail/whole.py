@@ -6,8 +6,9 @@ from pathlib import Path
 
 from ..errors import EaglelabError
 from ..parse.state import LogState
-from .follower import CHUNK
 from .frames import SAMPLE_BYTES, FrameSplitter
+
+CHUNK = 1 << 20  # one buffer, reused for every read (measured: 1-4 MiB read fastest)
 
 
 def parse_chunks(chunks, include_history: bool = False, state: LogState | None = None,
@@ -26,7 +27,7 @@ def parse_bytes(data: bytes, include_history: bool = False) -> dict:
     return parse_chunks([data], include_history)
 
 
-def parse_file(path: str | Path, include_history: bool = False, chunk: int = 1 << 20,
+def parse_file(path: str | Path, include_history: bool = False, chunk: int = CHUNK,
                sample_bytes: int = SAMPLE_BYTES) -> dict:
     path = Path(path)
     try:
