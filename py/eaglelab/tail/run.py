@@ -9,6 +9,7 @@ nothing arrives (so a stall shows without new lines).
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -24,13 +25,36 @@ POLL_S = 1.0            # read the file at least this often even without a watch
 HEARTBEAT_FRESH_S = 15.0
 
 
+def earlier_phase_durations(run_dir: Path, limit: int = 10) -> dict[str, float]:
+    """Median duration of each phase in the latest `limit` earlier runs of the same stage.
+
+    Runs of a stage are sibling directories named `<stage>-<time>-<hex>` (docs/interfaces.md);
+    their state.json lists phases with durations. Used to call a phase that runs far longer than
+    it used to stalled.
+    """
+    run_dir = Path(run_dir)
+    stage = (read_json(run_dir / "meta.json") or {}).get("stage") or run_dir.name.rsplit("-", 2)[0]
+    try:
+        siblings = sorted((p for p in run_dir.parent.glob(f"{stage}-*") if p.is_dir() and p != run_dir),
+                          key=lambda p: p.name)[-limit:]
+    except OSError:
+        return {}
+    seen: dict[str, list[float]] = {}
+    for sib in siblings:
+        st = read_json(sib / "state.json") or {}
+        for ph in st.get("phases") or []:
+            if isinstance(ph, dict) and isinstance(ph.get("duration_s"), (int, float)) and ph.get("name"):
+                seen.setdefault(ph["name"], []).append(float(ph["duration_s"]))
+    return {name: statistics.median(v) for name, v in seen.items() if v}
+
+
 class RunFollower:
-    """The parser and the file reader of one run; step() does one read-and-maybe-write."""
+    """The parser and the file reader of one run; read() takes in what was appended, write() the state."""
 
     def __init__(self, run_dir: Path, clock=time.time) -> None:
         self.run_dir = Path(run_dir)
         self.clock = clock
-        self.state = LogState()
+        self.state = LogState(expected_phase_s=earlier_phase_durations(self.run_dir))
         self.reader = FileFollower(self.run_dir / "output.log")
         self._now: float | None = None
         self.splitter = FrameSplitter(self._line, self._frame, on_provisional=self._provisional)
