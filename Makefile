@@ -94,6 +94,18 @@ test-parse: setup  ## the parser and tailer tests: real logs, live tailing of re
 bench-parse: setup  ## parser throughput vs grep -c, memory as the log grows, live latency (bench/RESULTS.md)
 	$(VENV)/bin/python bench/bench_parse.py --mb 300 --sizes 25,100,400 --latency-n 200
 
+.PHONY: test-stages
+test-stages: $(VENV)/.installed  ## the pipeline stages' fast unit tests
+	$(VENV)/bin/python -m pytest tests/test_stages_unit.py -q $(PYTEST_ARGS)
+
+.PHONY: test-pipeline
+test-pipeline: $(VENV)/.installed  ## the pipeline end to end on CPU through lab run, real vLLM + speculators (~10 min)
+	$(VENV)/bin/python -m pytest tests/test_pipeline_e2e.py -q $(PYTEST_ARGS)
+
+.PHONY: gpu-wheels
+gpu-wheels:  ## download the wheels bench/gpu_stages.sh installs on a GPU machine (into .whl/gpu)
+	bench/gpu_fetch_wheels.sh
+
 .PHONY: clean-runs
 clean-runs:  ## forget local runs and the registry (logs/ only; data/ stays)
 	rm -rf logs/local logs/registry.sqlite* logs/locks

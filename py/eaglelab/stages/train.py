@@ -1,0 +1,202 @@
+"""Train the EAGLE-3 drafter with speculators' trainer, after checking that its inputs agree.
+
+Checks before the (long) start: the hidden states are complete and were extracted with the same
+aux layer ids as --aux-layers, their count equals the prepared samples, the vocab mapping has
+--draft-vocab-size entries, and the loss implementation can run here (the fused Triton loss needs
+a GPU, and crashes on torch 2.11 inside torch.compile: use eager there).
+
+Resumes by itself: speculators starts from the highest `<save-path>/<epoch>/` checkpoint. Its
+metric lines (`train/loss=..., train/full_acc_0=..., ...`) go through a Rich handler that wraps at
+80 columns unless COLUMNS is wide (jobwrap sets COLUMNS=1000).
+
+On a machine without an accelerator speculators fails three ways; `cpu_patches()` fixes them in
+this process only: the model and batches go to "cpu" instead of `local_rank` 0, the step timer's
+`torch.accelerator.synchronize()` becomes a no-op, autocast and checkpoint loading use "cpu".
+
+    python -m eaglelab.stages.train --model data/demo/model --data data/demo/prepared \
+        --hidden-states data/demo/hidden_states --vocab data/demo/vocab --out data/demo/checkpoints \
+        --aux-layers "1 2 3" --draft-vocab-size 1024 --epochs 4
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from .. import manifest
+from ..errors import StageError
+from . import common
+
+DRAFTER_LINK = "drafter"  # <out>/drafter -> the last epoch's checkpoint
+
+
+def cpu_patches() -> None:
+    """Make speculators' trainer run on CPU (it assumes an accelerator)."""
+    import torch
+    import speculators.train.checkpointer as checkpointer
+    import speculators.train.trainer as trainer
+
+    trainer.get_local_rank = lambda: "cpu"  # Trainer does model.to(local_rank), batch.to(local_rank)
+    checkpointer.get_current_device = lambda: "cpu"  # resume loads state dicts onto this device
+    if not torch.accelerator.is_available():
+        torch.accelerator.synchronize = lambda *a, **k: None  # the step timer syncs every logged step
+    original_init = trainer.Trainer.__init__
+
+    def init_on_cpu(self, *a, **k):
+        original_init(self, *a, **k)
+        self.device_type = "cpu"  # autocast("cuda") would be a no-op with a warning on CPU
+
+    trainer.Trainer.__init__ = init_on_cpu
+
+
+def completed_epochs(save_path: Path) -> list[int]:
+    """Epoch checkpoints that are whole (config + weights), ascending."""
+    if not save_path.is_dir():
+        return []
+    done = []
+    for d in save_path.iterdir():
+        if d.is_dir() and not d.is_symlink() and re.fullmatch(r"\d+", d.name):
+            if (d / "config.json").is_file() and (d / "model.safetensors").is_file():
+                done.append(int(d.name))
+    return sorted(done)
+
+
+def check_loss(loss: str, device: str, torch_version: str) -> None:
+    if loss != "fused":
+        return
+    if device == "cpu":
+        raise StageError("--loss-implementation fused is a Triton kernel and needs a GPU; use eager on CPU")
+    if torch_version.startswith("2.11"):
+        raise StageError(f"--loss-implementation fused crashes with torch {torch_version} (speculators 0.9.0: "
+                         "torch.compile 'ListVariable ... already tracked for mutation' in step 0); use eager")
+
+
+def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Path, out: Path, aux: list[int],
+                     draft_vocab_size: int, epochs: int, lr: float, seq_len: int, loss: str, attn: str,
+                     workers: int, max_steps: int | None, ttt_steps: int, extra: list[str]) -> list[str]:
+    argv = ["--verifier-name-or-path", str(model), "--data-path", str(data),
+            "--hidden-states-path", str(hidden_states), "--save-path", str(out),
+            "--speculator-type", "eagle3", "--target-layer-ids", *map(str, aux),
+            "--draft-vocab-size", str(draft_vocab_size), "--d2t-path", str(vocab / "d2t.npy"),
+            "--t2d-path", str(vocab / "t2d.npy"), "--epochs", str(epochs), "--lr", str(lr),
+            "--total-seq-len", str(seq_len), "--loss-implementation", loss, "--draft-attn-impl", attn,
+            "--on-missing", "raise", "--num-workers", str(workers), "--ttt-steps", str(ttt_steps),
+            "--log-dir", str(out / "logs")]
+    if workers == 0:
+        argv += ["--prefetch-factor", "2"]
+    if max_steps:
+        argv += ["--max-steps", str(max_steps)]
+    return argv + extra
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--model", required=True, type=click.Path(path_type=Path), help="the verifier (target) model")
+@click.option("--data", required=True, type=click.Path(path_type=Path), help="prepare's output")
+@click.option("--hidden-states", required=True, type=click.Path(path_type=Path), help="extract's output")
+@click.option("--vocab", required=True, type=click.Path(path_type=Path), help="vocab's output (d2t.npy, t2d.npy)")
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="checkpoints go here")
+@click.option("--aux-layers", default="", help="aux layer ids WITHOUT the last layer (as extraction used)")
+@click.option("--draft-vocab-size", required=True, type=int)
+@click.option("--epochs", default=4, show_default=True)
+@click.option("--lr", default=1e-3, show_default=True)
+@click.option("--total-seq-len", default=8192, show_default=True)
+@click.option("--loss-implementation", type=click.Choice(["eager", "fused"]), default="eager", show_default=True)
+@click.option("--draft-attn-impl", type=click.Choice(["auto", "simple_flex_attention", "sdpa", "eager"]),
+              default="auto", show_default=True, help="auto: sdpa on CPU, flex attention on GPU")
+@click.option("--ttt-steps", default=3, show_default=True)
+@click.option("--num-workers", default=None, type=int, help="dataloader workers (default 0 on CPU, 4 on GPU)")
+@click.option("--max-steps", default=None, type=int, help="stop after this many optimizer steps (smoke runs)")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--gpus", default=1, show_default=True, help=">1: relaunch under torchrun with this many processes")
+@click.option("--trust-remote-code/--no-trust-remote-code", default=False, help="the verifier needs custom code")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Path, aux_layers: str,
+         draft_vocab_size: int, epochs: int, lr: float, total_seq_len: int, loss_implementation: str,
+         draft_attn_impl: str, ttt_steps: int, num_workers: int | None, max_steps: int | None, device: str,
+         gpus: int, trust_remote_code: bool, extra: tuple[str, ...]) -> None:
+    """Train the drafter (EXTRA args go to `speculators train` unchanged)."""
+    import torch
+
+    device = common.resolve_device(device)
+    cfg = common.model_config(model)
+    aux = common.parse_layers(aux_layers, "--aux-layers") if aux_layers else common.default_aux_layers(cfg["num_hidden_layers"])
+    common.check_aux_layers(aux, cfg["num_hidden_layers"], "--aux-layers")
+    check_loss(loss_implementation, device, torch.__version__)
+
+    prep = manifest.require(data, "prepare", f"run the prepare stage (lab run prepare) to fill {data}")
+    hs = manifest.require(hidden_states, "extract", f"run the extract stage (lab run extract) to fill {hidden_states}")
+    voc = manifest.require(vocab, "vocab", f"run the vocab stage (lab run vocab) to fill {vocab}")
+    if hs["params"].get("aux_layers") != aux:
+        raise StageError(f"{hidden_states / manifest.NAME}: extracted with aux layers {hs['params'].get('aux_layers')}, "
+                         f"training asked for {aux}: they must agree (a mismatch collapses acceptance to ~1%). "
+                         "Fix: use the same aux_layers var for extract and train")
+    if hs["params"].get("data") != prep["fingerprint"] or hs["counts"]["samples"] != prep["counts"]["samples"]:
+        raise StageError(f"{hidden_states / manifest.NAME}: hidden states are for other prepared data "
+                         f"({hs['counts']['samples']} samples, data {hs['params'].get('data')}; prepared: "
+                         f"{prep['counts']['samples']}, {prep['fingerprint']}). Fix: rerun extract")
+    if voc["params"]["draft_vocab_size"] != draft_vocab_size:
+        raise StageError(f"{vocab / manifest.NAME}: draft vocab {voc['params']['draft_vocab_size']} != "
+                         f"--draft-vocab-size {draft_vocab_size}; rerun vocab with the same size")
+    if voc["params"].get("data") != prep["fingerprint"]:
+        raise StageError(f"{vocab / manifest.NAME}: built from other prepared data; rerun vocab")
+
+    params = {"data": prep["fingerprint"], "hidden_states": hs["fingerprint"], "vocab": voc["fingerprint"],
+              "aux_layers": aux, "epochs": epochs, "lr": lr, "total_seq_len": total_seq_len,
+              "loss": loss_implementation, "max_steps": max_steps, "ttt_steps": ttt_steps, "extra": list(extra)}
+    if manifest.is_complete(out_dir, params):
+        click.echo(f"train: {out_dir} is complete ({manifest.read(out_dir)['counts']}); skipping")
+        return
+    old = manifest.read(out_dir)
+    if old is not None and old.get("params") != params:
+        raise StageError(f"{out_dir / manifest.NAME}: these checkpoints were trained with other inputs or settings "
+                         f"({old.get('params')}); move {out_dir} away to train afresh")
+    before = completed_epochs(out_dir)
+    if before:
+        click.echo(f"train: resuming after epoch {before[-1]} (checkpoints {before} in {out_dir})")
+
+    attn = draft_attn_impl if draft_attn_impl != "auto" else ("sdpa" if device == "cpu" else "simple_flex_attention")
+    workers = num_workers if num_workers is not None else (0 if device == "cpu" else 4)
+    argv = speculators_argv(model=model, data=data, hidden_states=hidden_states, vocab=vocab, out=out_dir, aux=aux,
+                            draft_vocab_size=draft_vocab_size, epochs=epochs, lr=lr, seq_len=total_seq_len,
+                            loss=loss_implementation, attn=attn, workers=workers, max_steps=max_steps,
+                            ttt_steps=ttt_steps,
+                            extra=(["--trust-remote-code"] if trust_remote_code else []) + list(extra))
+    if gpus > 1 and "LOCAL_RANK" not in os.environ:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
+               "-m", "eaglelab.stages.train", *sys.argv[1:]]
+        click.echo(f"train: relaunching under torchrun on {gpus} GPUs")
+        os.execvp(cmd[0], cmd)
+
+    if device == "cpu":
+        cpu_patches()
+    from speculators.train.cli import main as train_main
+    from speculators.train.config import TrainConfig
+
+    click.echo(f"train: speculators train {' '.join(argv)}")
+    train_main(TrainConfig.resolve(argv))
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    done = completed_epochs(out_dir)
+    if not done:
+        raise StageError(f"{out_dir}: training ended without a checkpoint; see the errors above")
+    last = out_dir / str(done[-1])
+    common.check_drafter(last, cfg, aux)
+    # A stable name for the serving stage; speculators' resume ignores symlinks.
+    link = out_dir / DRAFTER_LINK
+    tmp = out_dir / f".{DRAFTER_LINK}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(last.name)
+    os.replace(tmp, link)
+    files = [p for p in last.rglob("*") if p.is_file()]
+    doc = manifest.write(out_dir, "train", files, params=params,
+                         counts={"epochs_done": len(done), "last_epoch": done[-1]},
+                         extra={"last_checkpoint": str(last), "drafter": str(last.relative_to(out_dir))})
+    click.echo(f"train: done, drafter checkpoint {last} (manifest {doc['fingerprint']})")
+
+
+if __name__ == "__main__":
+    main()

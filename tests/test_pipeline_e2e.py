@@ -1,0 +1,222 @@
+"""The EAGLE-3 pipeline end to end on CPU, through `lab run`, with the real vLLM server and the real
+speculators (no mocks): the demo profile on a tiny model made here, in a throw-away lab.
+
+Along the way: extraction and training are killed midway (`lab stop`) and run again, and nothing
+finished is redone; the transformers backend's hidden states are compared with vLLM's; at the end
+`lab pipeline` skips every stage. Slow (~10 min on 2 cores); the fast checks are in
+test_stages_unit.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = REPO / "bin" / "lab"
+AUX = [1, 2, 3]
+SAMPLES = 64
+
+
+class Lab:
+    def __init__(self, root: Path):
+        self.root, self.conf, self.data = root, root / "conf", root / "data"
+        (self.conf / "profiles").mkdir(parents=True)
+        (self.conf / "lab.yaml").write_text(yaml.safe_dump({
+            "profile": "e2e", "logs_dir": str(root / "logs"),
+            "hosts": {"local": {"reach": "local", "work_dir": str(root / "work"), "repo_dir": str(REPO),
+                                "python": sys.executable, "gpus": 0}}}))
+        (self.conf / "pipeline.yaml").write_text((REPO / "conf" / "pipeline.yaml").read_text())
+        prof = yaml.safe_load((REPO / "conf" / "profiles" / "demo.yaml").read_text())
+        prof["vars"].update({"data": str(self.data), "synth_limit": str(SAMPLES), "epochs": "3",
+                             "extract_concurrency": "1", "port_target": "8210", "port_extract": "8211",
+                             "port_eval": "8212", "eval_limit": "4", "eval_max_tokens": "32"})
+        (self.conf / "profiles" / "e2e.yaml").write_text(yaml.safe_dump(prof))
+        self.transcript: list[str] = []
+
+    def lab(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+        env = dict(os.environ, EAGLELAB_CONF=str(self.conf))
+        env.pop("EAGLELAB_PROFILE", None)
+        p = subprocess.run([str(LAB), *args], capture_output=True, text=True, env=env, timeout=timeout)
+        self.transcript.append(f"$ lab {' '.join(args)} -> {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        if check and p.returncode != 0:
+            raise AssertionError(f"lab {' '.join(args)} -> {p.returncode}\n{p.stdout[-6000:]}\n{p.stderr[-3000:]}")
+        return p
+
+    def wait_for(self, pred, timeout: float, what: str):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            v = pred()
+            if v:
+                return v
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def kill_stage(self, stage: str) -> None:
+        """SIGKILL the running stage's process group at once (no grace), from its meta.json."""
+        metas = sorted((self.root / "work" / "runs").glob(f"{stage}-*/meta.json"))
+        pgid = json.loads(metas[-1].read_text())["pgid"]
+        os.killpg(pgid, 9)
+        self.wait_for(lambda: (metas[-1].parent / "exit.json").exists(), 60, f"{stage}'s exit.json")
+
+    def teardown(self) -> None:
+        for svc in ("serve_target", "serve_extract", "serve_eval", "extract", "train"):
+            self.lab("stop", svc, check=False, timeout=120)
+
+
+def snapshot(files) -> dict[str, tuple[int, int]]:
+    return {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in files}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    lab = Lab(tmp_path_factory.mktemp("e2e"))
+    facts: dict = {}
+    try:
+        lab.lab("run", "model", "synth", "eval_baseline")
+        lab.lab("stop", "serve_target")  # frees the cores; eval needs only its baseline.json now
+        lab.lab("run", "prepare")
+
+        # Extraction, killed midway, then resumed.
+        hs = lab.data / "hidden_states"
+        lab.lab("run", "extract", "--detach")  # starts serve_extract and waits for it first
+        lab.wait_for(lambda: len(list(hs.glob("hs_*.safetensors"))) >= 3, 600, "the first hidden-state files")
+        lab.kill_stage("extract")  # SIGKILL to the whole stage, as a crash or the OOM killer would
+        facts["hs_at_kill"] = snapshot(hs.glob("hs_*.safetensors"))
+        facts["extract_resume"] = lab.lab("run", "extract").stdout
+        facts["hs_after"] = snapshot(hs.glob("hs_*.safetensors"))
+
+        # The other backend, same inputs, its own directory: compared in a test below.
+        env = dict(os.environ, PYTHONPATH=str(REPO / "py"))
+        subprocess.run([sys.executable, "-m", "eaglelab.stages.extract", "--backend", "transformers", "--device", "cpu",
+                        "--model", str(lab.data / "model"), "--data", str(lab.data / "prepared"),
+                        "--out", str(lab.data / "hs_transformers"), "--aux-layers", " ".join(map(str, AUX))],
+                       check=True, env=env, capture_output=True, timeout=600)
+        lab.lab("stop", "serve_extract")
+        lab.lab("run", "vocab")
+
+        # Training, killed after its first epoch's checkpoint, then resumed.
+        ck = lab.data / "checkpoints"
+        lab.lab("run", "train", "--detach")
+        lab.wait_for(lambda: (ck / "0" / "training_state.json").exists() and (ck / "0" / "model.safetensors").exists(),
+                     900, "the first epoch's checkpoint")
+        time.sleep(1)
+        lab.lab("stop", "train")
+        facts["ckpt0_at_kill"] = snapshot([ck / "0" / "model.safetensors"])
+        facts["epochs_at_kill"] = sorted(p.name for p in ck.iterdir() if p.is_dir() and p.name.isdigit())
+        facts["train_resume"] = lab.lab("run", "train").stdout
+        facts["ckpt0_after"] = snapshot([ck / "0" / "model.safetensors"])
+
+        facts["eval"] = lab.lab("run", "eval").stdout  # starts serve_eval: vLLM loads the drafter
+        facts["again"] = lab.lab("pipeline").stdout  # everything up to date; stops the services
+        yield lab, facts
+    finally:
+        lab.teardown()
+        print("\n\n".join(lab.transcript[-6:]))
+
+
+def test_hidden_states_files_are_valid_and_of_expected_shapes(run):
+    import torch
+    from datasets import load_from_disk
+    from safetensors.torch import load_file
+
+    lab, _ = run
+    ds = load_from_disk(str(lab.data / "prepared"))
+    assert len(ds) == SAMPLES
+    files = sorted((lab.data / "hidden_states").glob("hs_*.safetensors"))
+    assert len(files) == SAMPLES
+    for i in range(SAMPLES):
+        d = load_file(lab.data / "hidden_states" / f"hs_{i}.safetensors")
+        n = int(ds[i]["seq_len"])
+        assert d["hidden_states"].shape == (n, len(AUX) + 1, 128) and d["hidden_states"].dtype == torch.bfloat16
+        assert d["token_ids"].tolist() == list(ds[i]["input_ids"])
+        assert torch.isfinite(d["hidden_states"].float()).all()
+    man = json.loads((lab.data / "hidden_states" / "manifest.json").read_text())
+    assert man["params"]["layer_ids"] == [*AUX, 4] and man["counts"]["samples"] == SAMPLES
+
+
+def test_transformers_backend_matches_vllm_files(run):
+    import torch
+    from safetensors.torch import load_file
+
+    lab, _ = run
+    for i in range(SAMPLES):
+        a = load_file(lab.data / "hidden_states" / f"hs_{i}.safetensors")
+        b = load_file(lab.data / "hs_transformers" / f"hs_{i}.safetensors")
+        assert torch.equal(a["token_ids"], b["token_ids"])
+        assert a["hidden_states"].shape == b["hidden_states"].shape and b["hidden_states"].dtype == torch.bfloat16
+        x, y = a["hidden_states"].float(), b["hidden_states"].float()
+        for layer in range(len(AUX) + 1):  # every layer, the last (pre-norm) one included
+            cos = torch.nn.functional.cosine_similarity(x[:, layer].flatten(), y[:, layer].flatten(), dim=0)
+            assert cos > 0.999, (i, layer, float(cos))
+        assert (x - y).abs().max() <= 0.05 * x.abs().max(), i
+
+
+def test_extraction_resumed_without_redoing_finished_files(run):
+    _, f = run
+    done_at_kill = f["hs_at_kill"]
+    assert 0 < len(done_at_kill) < SAMPLES, "the kill came too late to test a resume"
+    assert f"Found {len(done_at_kill)} existing samples for rank 0." in f["extract_resume"]
+    for name, ident in done_at_kill.items():
+        assert f["hs_after"][name] == ident, f"{name} was rewritten"
+    assert len(f["hs_after"]) == SAMPLES
+
+
+def test_training_resumed_from_its_checkpoint(run):
+    lab, f = run
+    assert f["epochs_at_kill"] and "2" not in f["epochs_at_kill"], f["epochs_at_kill"]
+    assert f"train: resuming after epoch {f['epochs_at_kill'][-1]}" in f["train_resume"]
+    assert f"Training epoch 1/3 started" not in f["train_resume"]  # epoch 1 was not trained again
+    assert f["ckpt0_after"] == f["ckpt0_at_kill"]
+    ck = lab.data / "checkpoints"
+    assert (ck / "2" / "model.safetensors").is_file() and os.readlink(ck / "drafter") == "2"
+    cfg = json.loads((ck / "2" / "config.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == AUX and cfg["draft_vocab_size"] == 1024
+
+
+def test_vocab_mapping_consistent_with_token_frequencies(run):
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+
+    lab, _ = run
+    freq = {int(k): int(v) for k, v in torch.load(lab.data / "prepared" / "token_freq.pt").items()}
+    d2t, t2d = np.load(lab.data / "vocab" / "d2t.npy"), np.load(lab.data / "vocab" / "t2d.npy")
+    assert d2t.shape == (1024,) and d2t.dtype == np.int64 and t2d.shape == (4096,) and t2d.dtype == bool
+    targets = np.arange(1024) + d2t
+    assert t2d.sum() == 1024 and t2d[targets].all()
+    ranked = sorted(freq, key=lambda t: (-freq[t], t))
+    assert set(ranked[: min(1024, len(ranked))]) <= set(targets.tolist())  # the most frequent are in
+    cov = json.loads((lab.data / "vocab" / "coverage.json").read_text())
+    covered = sum(c for t, c in freq.items() if t2d[t])
+    assert cov["coverage"] == pytest.approx(covered / sum(freq.values()))
+    ck = load_file(lab.data / "checkpoints" / "2" / "model.safetensors")  # the drafter carries the mapping
+    assert torch.equal(ck["d2t"].cpu(), torch.from_numpy(d2t)) and torch.equal(ck["t2d"].cpu(), torch.from_numpy(t2d))
+
+
+def test_vllm_serves_the_drafter_and_measures_acceptance(run):
+    lab, f = run
+    rep = json.loads((lab.data / "eval" / "report.json").read_text())
+    assert rep["drafts"] > 0 and rep["draft_tokens"] == 3 * rep["drafts"]
+    assert 0.0 <= rep["acceptance_rate"] <= 1.0
+    assert rep["mean_acceptance_length"] == pytest.approx(1 + rep["accepted_tokens"] / rep["drafts"])
+    assert len(rep["per_position_acceptance"]) == 3
+    assert rep["speedup"] > 0 and rep["verdict"] in ("PAYS", "NEUTRAL", "SLOWER", "LOW_ACCEPTANCE")
+    assert "eval summary: acceptance_rate=" in f["eval"]
+    if rep["verdict"] == "SLOWER":
+        assert "VERDICT: SLOWER" in f["eval"]
+
+
+def test_second_pipeline_run_redoes_nothing(run):
+    _, f = run
+    out = f["again"]
+    for stage in ("model", "synth", "eval_baseline", "prepare", "extract", "vocab", "train", "eval"):
+        assert f"lab: {stage} is up to date" in out, (stage, out[-3000:])
+    assert "lab: starting" not in out

@@ -1,0 +1,350 @@
+"""Fast tests of the pipeline stages' own logic: manifests, input checks, argv building, counts,
+coverage, metrics parsing, verdicts, and the transformers hidden-state backend on a tiny model made
+here. No vLLM server (tests/test_pipeline_e2e.py runs the real pipeline)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eaglelab import config, manifest
+from eaglelab.errors import StageError
+from eaglelab.stages import common, eval as eval_stage, serve, synth, train, vocab
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_stage(name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "py"))
+    p = subprocess.run([sys.executable, "-m", f"eaglelab.stages.{name}", *args], capture_output=True, text=True,
+                       env=env, timeout=300)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{name} {args} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tiny")
+    run_stage("tiny_model", "--out", str(root / "model"), "--prompts-out", str(root / "prompts.jsonl"),
+              "--eval-prompts-out", str(root / "eval.jsonl"), "--num-prompts", "8", "--num-eval-prompts", "4")
+    return root
+
+
+# ---- manifest ---------------------------------------------------------------------------------
+
+def test_manifest_roundtrip_and_damage(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"x" * 100)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("hello")
+    doc = manifest.write(tmp_path, "demo", [tmp_path / "a.bin", tmp_path / "sub" / "b.txt"], params={"k": 1},
+                         counts={"n": 2})
+    assert doc["files"]["sub/b.txt"]["size"] == 5 and "sha256" in doc["files"]["a.bin"]
+    assert doc["total_bytes"] == 105
+    assert manifest.is_complete(tmp_path, {"k": 1})
+    assert not manifest.is_complete(tmp_path, {"k": 2})
+    assert manifest.require(tmp_path, "demo", "fix")["fingerprint"] == doc["fingerprint"]
+    with pytest.raises(StageError, match="written by stage 'demo', expected 'other'"):
+        manifest.require(tmp_path, "other", "fix")
+    (tmp_path / "a.bin").write_bytes(b"x" * 50)  # truncated
+    assert not manifest.is_complete(tmp_path)
+    with pytest.raises(StageError, match=r"a\.bin: size 50 != 100"):
+        manifest.require(tmp_path, "demo", "rerun demo")
+    (tmp_path / "sub" / "b.txt").unlink()
+    assert any("missing" in p for p in manifest.problems(tmp_path))
+
+
+def test_manifest_missing_names_the_file_and_fix(tmp_path):
+    with pytest.raises(StageError, match=r"manifest\.json: missing or unreadable.*Fix: run it"):
+        manifest.require(tmp_path, "prepare", "run it")
+
+
+def test_fingerprint_changes_with_content(tmp_path):
+    (tmp_path / "f").write_text("one")
+    a = manifest.write(tmp_path, "s", [tmp_path / "f"])["fingerprint"]
+    (tmp_path / "f").write_text("two")
+    assert manifest.write(tmp_path, "s", [tmp_path / "f"])["fingerprint"] != a
+
+
+# ---- common checks ----------------------------------------------------------------------------
+
+def test_aux_layer_checks():
+    assert common.parse_layers("2 16, 29", "--aux-layers") == [2, 16, 29]
+    with pytest.raises(StageError, match="space-separated integers"):
+        common.parse_layers("2 x", "--aux-layers")
+    assert common.default_aux_layers(61) == [2, 30, 58]
+    assert common.default_aux_layers(4) == [1, 2]  # speculators' [2, 2, 1] has a duplicate
+    common.check_aux_layers([1, 2, 3], 4, "--aux-layers")
+    for bad in ([1, 1], [0, 4], [], [-1]):
+        with pytest.raises(StageError):
+            common.check_aux_layers(bad, 4, "--aux-layers")
+
+
+def test_model_config_errors(tmp_path):
+    with pytest.raises(StageError, match="config.json: not found"):
+        common.model_config(tmp_path)
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    with pytest.raises(StageError, match="num_hidden_layers"):
+        common.model_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"text_config": {"hidden_size": 8, "num_hidden_layers": 2, "vocab_size": 10}}))
+    assert common.model_config(tmp_path)["num_hidden_layers"] == 2
+
+
+# ---- serve ------------------------------------------------------------------------------------
+
+def _argv(mode, device="cpu", **kw):
+    base = dict(python="py", model="m", host="127.0.0.1", port=8000, mode=mode, device=device, max_model_len=1024,
+                served_name=None, tensor_parallel=1, gpu_memory_utilization=0.85, enforce_eager=True,
+                scale_out=True, aux_layers=[1, 2, 3], num_layers=4, hidden_states_path="/hs", drafter="/ck",
+                num_speculative_tokens=3, extra=["--x"])
+    base.update(kw)
+    return serve.build_argv(**base)
+
+
+def test_serve_argv_extract_cpu_uses_cpu_connector_and_appends_last_layer():
+    argv = _argv("extract")
+    assert argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["method"] == "extract_hidden_states"
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3, 4]
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector"] == "CpuHiddenStatesConnector"
+    assert kv["kv_connector_module_path"] == "eaglelab.vllm_cpu_connector"
+    assert kv["kv_connector_extra_config"]["shared_storage_path"] == "/hs"
+    assert "--enforce-eager" in argv and "--enable-scale-out" in argv and argv[-1] == "--x"
+    assert "--gpu-memory-utilization" not in argv  # not a CPU flag
+
+
+def test_serve_argv_cuda_and_eval():
+    kv = json.loads(_argv("extract", device="cuda", tensor_parallel=8)[-2])
+    assert kv["kv_connector"] == "ExampleHiddenStatesConnector" and "kv_connector_module_path" not in kv
+    argv = _argv("eval", device="cuda", tensor_parallel=8)
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": "/ck", "num_speculative_tokens": 3}
+    assert "--speculative-config" not in _argv("plain")
+
+
+def test_serve_dry_run_and_drafter_mismatch(tiny, tmp_path):
+    p = run_stage("serve", "--model", str(tiny / "model"), "--mode", "extract", "--aux-layers", "1 2 3",
+                  "--hidden-states-path", str(tmp_path / "hs"), "--device", "cpu", "--dry-run")
+    assert "extract_hidden_states" in p.stdout
+    info = json.loads((tmp_path / "hs" / serve.SERVER_INFO).read_text())
+    assert info["layer_ids"] == [1, 2, 3, 4]
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "config.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [1, 2]}))
+    (ck / "model.safetensors").write_bytes(b"")
+    p = run_stage("serve", "--model", str(tiny / "model"), "--mode", "eval", "--aux-layers", "1 2 3",
+                  "--drafter", str(ck), "--device", "cpu", "--dry-run", check=False)
+    assert p.returncode == 1 and "acceptance would collapse" in p.stderr
+
+
+# ---- synth ------------------------------------------------------------------------------------
+
+def test_synth_prompt_checks(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"id": "a", "messages": [{"role": "user", "content": "x"}]}\n{"id": "a", "prompt": "y"}\n')
+    with pytest.raises(StageError, match="duplicate ids"):
+        synth.check_prompts(f)
+    f.write_text('{"id": "a"}\n')
+    with pytest.raises(StageError, match="row 1 has none of messages"):
+        synth.check_prompts(f)
+    f.write_text("not json\n")
+    with pytest.raises(StageError, match="not JSON objects"):
+        synth.check_prompts(f)
+    with pytest.raises(StageError, match="prompts file not found"):
+        synth.check_prompts(tmp_path / "nope.jsonl")
+
+
+def test_synth_summary_counts_recovered_errors_and_reasoning():
+    rows = [{"id": "a_gen0", "primary_id": "a", "input_ids": [1, 2, 3], "loss_mask": [0, 1, 1],
+             "text": "u <think>because</think> ok", "metadata": {"finish_reason": "stop"}},
+            {"id": "b_gen0", "primary_id": "b", "input_ids": [1, 2], "loss_mask": [0, 1],
+             "text": "u <think></think> cut", "metadata": {"finish_reason": "length"}}]
+    errors = [{"id": "a", "metadata": {"error": "RuntimeError('HTTP 500')"}},  # recovered by a resume
+              {"id": "c", "metadata": {"error": "TimeoutError()"}}]
+    s = synth.summarize(rows, errors, ["a", "b", "c"], reasoning=True)
+    assert s["done"] == 2 and s["errors"] == 1 and s["error_reasons"] == {"TimeoutError": 1}
+    assert s["finish_reasons"] == {"stop": 1, "length": 1} and s["truncated"] == 1
+    assert s["reasoning_rows"] == 1 and s["reasoning_empty"] == 1
+    assert s["completion_tokens"] == 3 and s["tokens"] == 5
+    with pytest.raises(StageError, match="no supervised token"):
+        synth.check_rows([{"id": "x", "input_ids": [1], "loss_mask": [0]}], Path("r.jsonl"))
+
+
+def test_synth_refuses_a_dead_server(tiny, tmp_path):
+    p = run_stage("synth", "--endpoint", "http://127.0.0.1:9", "--model", str(tiny / "model"),
+                  "--prompts", str(tiny / "prompts.jsonl"), "--out", str(tmp_path / "s"), check=False)
+    assert p.returncode == 1 and "does not answer" in p.stderr and "serve_target" in p.stderr
+
+
+# ---- vocab ------------------------------------------------------------------------------------
+
+def test_vocab_mapping_and_coverage():
+    import numpy as np
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    freq = {5: 50, 7: 30, 2: 15, 9: 5}
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, 2, 12)
+    d2t, t2d = d2t.numpy(), t2d.numpy()
+    vocab.check_mapping(d2t, t2d, freq)
+    targets = (np.arange(2) + d2t).tolist()
+    assert sorted(targets) == [5, 7]
+    rep = vocab.coverage_report(freq, targets, 12)
+    assert rep["coverage"] == pytest.approx(0.8) and rep["covered_tokens"] == 80
+    bad = t2d.copy()
+    bad[9] = True
+    with pytest.raises(StageError, match="disagree"):
+        vocab.check_mapping(d2t, bad, freq)
+    with pytest.raises(StageError, match="left out"):
+        vocab.check_mapping(np.array([2, 8]), _t2d([2, 9], 12), freq)  # picks 2 and 9 over 5, 7
+
+
+def _t2d(ids, n):
+    import numpy as np
+
+    t = np.zeros(n, dtype=bool)
+    t[ids] = True
+    return t
+
+
+# ---- train ------------------------------------------------------------------------------------
+
+def test_train_loss_preflight_and_argv(tmp_path):
+    train.check_loss("eager", "cpu", "2.11.0")
+    with pytest.raises(StageError, match="needs a GPU"):
+        train.check_loss("fused", "cpu", "2.13.0")
+    with pytest.raises(StageError, match="crashes with torch 2.11"):
+        train.check_loss("fused", "cuda", "2.11.0+cu130")
+    argv = train.speculators_argv(model=Path("m"), data=Path("d"), hidden_states=Path("h"), vocab=Path("v"),
+                                  out=Path("o"), aux=[1, 2, 3], draft_vocab_size=64, epochs=2, lr=1e-3, seq_len=512,
+                                  loss="eager", attn="sdpa", workers=0, max_steps=None, ttt_steps=3, extra=[])
+    i = argv.index("--target-layer-ids")
+    assert argv[i + 1: i + 4] == ["1", "2", "3"] and argv[argv.index("--d2t-path") + 1] == "v/d2t.npy"
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "config.json").write_text("{}")
+    (tmp_path / "0" / "model.safetensors").write_text("")
+    (tmp_path / "1").mkdir()  # half-written epoch: no weights
+    (tmp_path / "checkpoint_best").symlink_to("0")
+    assert train.completed_epochs(tmp_path) == [0]
+
+
+# ---- eval -------------------------------------------------------------------------------------
+
+METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 100.0
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 300.0
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 90.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 50.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 30.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 10.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_eval_metrics_and_verdicts():
+    after = eval_stage.parse_spec_metrics(METRICS)
+    assert after["drafts"] == 100 and after["per_pos"] == {0: 50, 1: 30, 2: 10}
+    before = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_pos": {}}
+    s = eval_stage.spec_stats(before, after)
+    assert s["acceptance_rate"] == pytest.approx(0.3)
+    assert s["mean_acceptance_length"] == pytest.approx(1.9)
+    assert s["per_position_acceptance"] == pytest.approx([0.5, 0.3, 0.1])
+    assert eval_stage.verdict(0.8, s)[0] == "SLOWER"
+    assert eval_stage.verdict(1.6, s)[0] == "PAYS"
+    low = dict(s, acceptance_rate=0.15, mean_acceptance_length=1.2)
+    v, reasons = eval_stage.verdict(1.1, low)
+    assert v == "LOW_ACCEPTANCE" and any("1.20 < 1.5" in r for r in reasons)
+    assert eval_stage.verdict(1.0, s)[0] == "NEUTRAL"
+
+
+# ---- tiny model + transformers extraction backend ------------------------------------------------
+
+def test_tiny_model_is_sharded_has_masks_and_is_idempotent(tiny):
+    from transformers import AutoTokenizer
+
+    model = tiny / "model"
+    assert len(list(model.glob("model-*.safetensors"))) >= 3
+    cfg = json.loads((model / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (128, 4, 4, 2)
+    tok = AutoTokenizer.from_pretrained(model)
+    assert len(tok) == 4096
+    r = tok.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo there"}],
+                                tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    mask = r["assistant_masks"]
+    assert 0 < sum(mask) < len(mask) and mask[-1] == 1 and mask[0] == 0
+    train_ids = {json.loads(x)["messages"][0]["content"] for x in (tiny / "prompts.jsonl").read_text().splitlines()}
+    eval_ids = {json.loads(x)["messages"][0]["content"] for x in (tiny / "eval.jsonl").read_text().splitlines()}
+    assert len(train_ids) == 8 and len(eval_ids) == 4 and not train_ids & eval_ids
+    before = (model / "config.json").stat().st_mtime_ns
+    p = run_stage("tiny_model", "--out", str(model), "--prompts-out", str(tiny / "prompts.jsonl"),
+                  "--eval-prompts-out", str(tiny / "eval.jsonl"), "--num-prompts", "8", "--num-eval-prompts", "4")
+    assert "skipping" in p.stdout and (model / "config.json").stat().st_mtime_ns == before
+
+
+def test_transformers_backend_final_layer_is_pre_norm_and_batching_agrees(tiny):
+    import torch
+    from eaglelab.stages import extract
+
+    model = extract.load_hf_model(tiny / "model", "cpu")
+    rows = [[1, 5, 9, 33, 70, 2], [1, 44, 45]]
+    single = [extract.forward_hidden_states(model, [r], [1, 2, 3])[0] for r in rows]
+    batched = extract.forward_hidden_states(model, rows, [1, 2, 3])
+    for s, b, r in zip(single, batched, rows):
+        assert s.shape == b.shape == (len(r), 4, 128) and s.dtype == torch.bfloat16
+        assert torch.allclose(s.float(), b.float(), atol=0.05)
+    with torch.inference_mode():
+        out = model.model(input_ids=torch.tensor([rows[0]]), output_hidden_states=True)
+        normed = model.model.norm(single[0][:, 3].unsqueeze(0))
+    # layer k is the residual stream after k layers; the last one is what goes INTO the final norm
+    assert torch.allclose(single[0][:, 0].float(), out.hidden_states[1][0].float(), atol=0.02)  # aux id 1
+    assert torch.allclose(single[0][:, 2].float(), out.hidden_states[3][0].float(), atol=0.02)  # aux id 3
+    assert torch.allclose(normed[0].float(), out.last_hidden_state[0].float(), atol=0.05)
+    assert not torch.allclose(single[0][:, 3].float(), out.last_hidden_state[0].float(), atol=0.05)
+
+
+# ---- config: both profiles render, and the aux layers agree across stages ------------------------
+
+@pytest.mark.parametrize("profile", ["demo", "kimi-k2.5"])
+def test_profiles_render_and_aux_layers_agree(profile):
+    from eaglelab.lab import Lab
+
+    cfg = config.load(REPO / "conf", profile)
+    names = set(cfg.stages)
+    assert {"synth", "prepare", "extract", "vocab", "train", "eval", "serve_target", "serve_extract",
+            "serve_eval", "eval_baseline"} <= names
+    lab = Lab.__new__(Lab)
+    lab.cfg, lab._executors = cfg, {}
+    commands = {}
+    for name, st in cfg.stages.items():
+        variables = cfg.vars_for(st)
+        commands[name] = [cfg.render(st, a, variables) for a in st.command]
+        assert not any("${" in a for a in commands[name]), (name, commands[name])
+
+    def flag(stage, f):
+        argv = commands[stage]
+        return argv[argv.index(f) + 1]
+
+    aux = {s: flag(s, "--aux-layers") for s in ("serve_extract", "extract", "train", "serve_eval")}
+    assert len(set(aux.values())) == 1, aux
+    assert flag("train", "--draft-vocab-size") == flag("vocab", "--draft-vocab-size")
+    assert flag("serve_eval", "--drafter").startswith(flag("train", "--out"))
+    assert flag("eval", "--prompts") == flag("eval_baseline", "--prompts")
+    assert flag("eval", "--max-tokens") == flag("eval_baseline", "--max-tokens")
+    if profile == "kimi-k2.5":
+        assert flag("vocab", "--draft-vocab-size") == "32000"
+        assert flag("serve_extract", "--tensor-parallel") == "8"
+        assert cfg.stage("serve_extract").gpus == 8 and cfg.hosts["gpu8"].gpus == 8
+        assert aux["extract"] == "2 30 58"
