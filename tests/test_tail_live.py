@@ -178,3 +178,16 @@ def test_a_phase_far_longer_than_in_earlier_runs_is_a_stall(tmp_path):
     now[0] += 200                   # past it, and nothing moved for more than 300 s
     s = fol.snapshot()
     assert s["state"] == "stalled" and s["stall"]["reason"] == "phase_overdue"
+
+
+def test_lab_tail_does_not_reread_a_finished_run_it_only_adds_the_exit(tmp_path):
+    run = tmp_path / "runs" / "tick-20261129T000000-aaaa"
+    s = jobwrap(run, "print('hello')")            # jobwrap's tailer wrote the final log state
+    raw = read_json(run / "state.json")
+    assert raw["final"] is True and "exit" not in raw and s["state"] == "completed"
+    (run / "output.log").write_bytes(b"")          # were it read again, its lines would drop to 0
+    os.utime(run / "state.json")
+    result = CliRunner().invoke(tail_cmd, [str(tmp_path / "runs"), "--once"])
+    assert result.exit_code == 0, result.output
+    after = read_json(run / "state.json")
+    assert after["lines"] == 1 and after["exit"]["exit_code"] == 0 and after["state"] == "completed"
