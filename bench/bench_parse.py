@@ -164,11 +164,13 @@ follow_run(Path(sys.argv[1]), stop)
 """
 
 
-def latency(tmp: Path, n: int, interval: float) -> None:
-    print(f"## 3. Latency: frame written -> state.json updated (follow_run in its own process, as under jobwrap)\n")
-    run = tmp / "run"
+def latency(tmp: Path, n: int, interval: float, prefill: int = 0) -> None:
+    run = tmp / f"run-{prefill}"
     run.mkdir()
     log = open(run / "output.log", "ab", buffering=0)
+    for k in range(prefill):  # a long training run so far: the state carries big metric curves
+        log.write(b"[20:00:00] INFO     train/loss=%.3f, train/full_acc_0=0.500, train/cond_acc_0=0.400, "
+                  b"profile/tokens_per_s=1.20e+04, epoch=0, lr=1.00e-04, global_step=%d\n" % (3.0 / (k + 1), k))
     follower = subprocess.Popen([sys.executable, "-c", FOLLOW_CHILD, str(run), str(ROOT / "py")])
     seen: dict[int, float] = {}
     done = threading.Event()
@@ -211,9 +213,10 @@ def latency(tmp: Path, n: int, interval: float) -> None:
     lat = sorted(1000 * (seen[i] - written[i]) for i in written if i in seen)
     missed = n - len(lat)
     q = statistics.quantiles(lat, n=100)
-    print(f"- {n} frames at ~{1 / interval:.0f} Hz: p50 {statistics.median(lat):.0f} ms, p95 {q[94]:.0f} ms, "
-          f"max {lat[-1]:.0f} ms; {missed} frames superseded before a write (the state shows the newer frame)")
-    print()
+    size = (run / "state.json").stat().st_size / 1e3
+    print(f"- {n} frames at ~{1 / interval:.0f} Hz, {prefill} metric lines before (state.json {size:.0f} kB): "
+          f"p50 {statistics.median(lat):.0f} ms, p95 {q[94]:.0f} ms, max {lat[-1]:.0f} ms; "
+          f"{missed} frames superseded before a write (the state showed the newer frame)")
 
 
 def main() -> None:
@@ -222,13 +225,21 @@ def main() -> None:
     ap.add_argument("--sizes", default="25,100,400", help="log sizes (MB) for the memory check")
     ap.add_argument("--latency-n", type=int, default=200)
     ap.add_argument("--latency-interval", type=float, default=0.05)
+    ap.add_argument("--only", choices=("throughput", "memory", "latency"), default=None)
     a = ap.parse_args()
     print(f"# bench_parse  ({os.cpu_count()} CPUs, Python {sys.version.split()[0]})\n")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        throughput(tmp, a.mb)
-        memory(tmp, [int(x) for x in a.sizes.split(",")])
-        latency(tmp, a.latency_n, a.latency_interval)
+        if a.only in (None, "throughput"):
+            throughput(tmp, a.mb)
+        if a.only in (None, "memory"):
+            memory(tmp, [int(x) for x in a.sizes.split(",")])
+        if a.only not in (None, "latency"):
+            return
+        print("## 3. Latency: frame written -> state.json updated (follow_run in its own process, as under jobwrap)\n")
+        for prefill in (0, 20000):
+            latency(tmp, a.latency_n, a.latency_interval, prefill)
+        print()
 
 
 if __name__ == "__main__":

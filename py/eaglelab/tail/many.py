@@ -6,8 +6,8 @@ import threading
 from pathlib import Path
 
 from ..errors import EaglelabError
-from ..fsutil import atomic_write_json, read_json
-from .run import IDLE_WRITE_S, POLL_S, RunFollower, run_state
+from ..fsutil import read_json
+from .run import IDLE_WRITE_S, POLL_S, RunFollower, run_state, write_state
 from .watch import DirWatch
 
 
@@ -26,7 +26,7 @@ def _settled(run: Path) -> bool:
     if not state or not state.get("final"):
         return False
     if "exit" not in state:
-        atomic_write_json(run / "state.json", run_state(run))
+        write_state(run / "state.json", run_state(run))
     return True
 
 

@@ -8,13 +8,14 @@ nothing arrives (so a stall shows without new lines).
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import threading
 import time
 from pathlib import Path
 
-from ..fsutil import atomic_write_json, read_json, utcnow_iso
+from ..fsutil import atomic_write_bytes, read_json, utcnow_iso
 from ..parse.state import LogState, combine_with_exit
 from .follower import FileFollower
 from .frames import FrameSplitter
@@ -101,7 +102,7 @@ class RunFollower:
     def write(self, final: bool = False) -> dict:
         t0 = time.perf_counter()
         snap = self.snapshot(final)
-        atomic_write_json(self.run_dir / "state.json", snap)
+        write_state(self.run_dir / "state.json", snap)
         self.write_cost_s = time.perf_counter() - t0
         self.last_write = self.clock()
         self.writes += 1
@@ -123,6 +124,11 @@ class RunFollower:
         snap = self.write(final=True)
         self.reader.close()
         return snap
+
+
+def write_state(path: Path, state: dict) -> None:
+    """Atomically (temp + fsync + rename), compact: it is rewritten often and metric curves are long."""
+    atomic_write_bytes(path, json.dumps(state, separators=(",", ":")).encode() + b"\n")
 
 
 def process_alive(run_dir: Path, now: float) -> bool | None:
