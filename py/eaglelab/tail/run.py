@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import threading
 import time
@@ -35,9 +36,10 @@ def earlier_phase_durations(run_dir: Path, limit: int = 10) -> dict[str, float]:
     """
     run_dir = Path(run_dir)
     stage = (read_json(run_dir / "meta.json") or {}).get("stage") or run_dir.name.rsplit("-", 2)[0]
+    own = re.compile(re.escape(stage) + r"-\d{8}T\d{6}-[0-9a-f]+")  # not `serve-x-…` for stage `serve`
     try:
-        siblings = sorted((p for p in run_dir.parent.glob(f"{stage}-*") if p.is_dir() and p != run_dir),
-                          key=lambda p: p.name)[-limit:]
+        siblings = sorted((p for p in run_dir.parent.glob(f"{stage}-*")
+                           if p != run_dir and own.fullmatch(p.name) and p.is_dir()), key=lambda p: p.name)[-limit:]
     except OSError:
         return {}
     seen: dict[str, list[float]] = {}
