@@ -28,6 +28,7 @@ MAX_POINTS = 1000  # per metric; past it every other point goes (the curve keeps
 FAILURE_GRACE_S = 30.0  # live: a failure line with no exit yet is only "suspected" this long
 _RECOGNIZERS = (markers.recognize, vllm.recognize, speculators.recognize)
 _BAR_PHASES = {**vllm.BAR_PHASES, **speculators.BAR_PHASES}
+_MOVING = frozenset((METRIC, PHASE_START, PHASE_END, READY))
 
 
 class LogState:
@@ -112,8 +113,17 @@ class LogState:
             events = recognize(rec.message)
             if events:
                 break
-        for ev in events:
-            self._on_event(ev, prefix, lineno, now)
+        if events:
+            moved = False  # a metric, a phase, readiness: the process shows it goes on
+            for ev in events:
+                if ev.kind == METRIC:  # most events of a training log: kept short
+                    self._add_metric(ev.name, float(ev.value), ev.step)
+                    moved = True
+                else:
+                    self._on_event(ev, prefix, lineno, now)
+                    moved = moved or ev.kind in _MOVING
+            if moved:
+                self._activity(prefix, now)
         cand = self._failures.feed(prefix, rec.level, rec.message, lineno)
         if cand is not None:
             self._add_candidate(cand, now)
@@ -130,17 +140,13 @@ class LogState:
         kind = ev.kind
         if kind == METRIC:
             self._add_metric(ev.name, float(ev.value), ev.step)
-            self._activity(prefix, now)
         elif kind == PHASE_START:
             self._start_phase(ev.name, ev.detail, lineno, now)
-            self._activity(prefix, now)
         elif kind == PHASE_END:
             self._end_phase(ev.name, lineno, now, ev.value)
-            self._activity(prefix, now)
         elif kind == READY:
             self.ready_line = lineno
             self._dismiss(None)
-            self._activity(prefix, now)
         elif kind == END:
             if ev.name == "done":
                 self.done_line, self.done_message = lineno, ev.message
@@ -190,7 +196,7 @@ class LogState:
             ph["ended_at"] = utcnow_iso(now)
         self._open = None
 
-    def _add_metric(self, name: str, value: float, step: float | None) -> None:
+    def _add_metric(self, name: str, value: float, step: float | int | None) -> None:
         series = self.metrics.get(name)
         if series is None:
             if len(self.metrics) >= MAX_METRICS:
@@ -198,8 +204,12 @@ class LogState:
             series = self.metrics[name] = []
         index = self._metric_count.get(name, 0)
         self._metric_count[name] = index + 1
-        x = step if step is not None else index
-        series.append([int(x) if float(x).is_integer() else x, value])
+        if step is None:
+            x = index
+        else:
+            x = float(step)
+            x = int(x) if x.is_integer() else x
+        series.append([x, value])
         if len(series) > MAX_POINTS:
             self.metrics[name] = series[::2]
 
