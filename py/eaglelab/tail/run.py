@@ -22,6 +22,7 @@ from .follower import FileFollower
 from .frames import FrameSplitter
 
 MIN_WRITE_S = 0.05
+WRITE_DUTY = 10.0       # wait at least this many times the last write's cost before the next
 IDLE_WRITE_S = 5.0
 POLL_S = 1.0            # read the file at least this often even without a watchdog event
 HEARTBEAT_FRESH_S = 15.0
@@ -113,8 +114,9 @@ class RunFollower:
 
     @property
     def min_interval_s(self) -> float:
-        """Writes throttled to MIN_WRITE_S, or longer when a write costs much (a big state)."""
-        return max(MIN_WRITE_S, 4 * self.write_cost_s)
+        """Writes throttled to MIN_WRITE_S, or longer when a write costs much (a big state): writing
+        state.json takes at most a tenth of one core, however chatty the log."""
+        return max(MIN_WRITE_S, WRITE_DUTY * self.write_cost_s)
 
     def finish(self) -> dict:
         """Final pass: read to EOF, count the partial last line, write the final state."""
