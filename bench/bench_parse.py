@@ -219,13 +219,49 @@ def latency(tmp: Path, n: int, interval: float, prefill: int = 0) -> None:
           f"{missed} frames superseded before a write (the state showed the newer frame)")
 
 
+CHATTY_CHILD = """
+import resource, signal, sys, threading
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from eaglelab.tail import follow_run
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *a: stop.set())
+r0 = resource.getrusage(resource.RUSAGE_SELF)
+follow_run(Path(sys.argv[1]), stop)
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+print((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
+"""
+
+
+def chatty(tmp: Path, seconds: float = 5.0) -> None:
+    """CPU the tailer costs while a stage writes thousands of separate lines a second (an inotify
+    event each), beside the writer itself."""
+    print("## 4. Tailer CPU under a chatty log\n")
+    run = tmp / "chatty"
+    run.mkdir()
+    f = subprocess.Popen([sys.executable, "-c", CHATTY_CHILD, str(run), str(ROOT / "py")], stdout=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    log = open(run / "output.log", "ab", buffering=0)
+    t0, n = time.time(), 0
+    while time.time() - t0 < seconds:
+        for _ in range(50):
+            log.write(b"INFO 11-29 20:00:00 [x.py:1] request %d done\n" % n)
+            n += 1
+        time.sleep(0.01)
+    time.sleep(1.0)
+    f.terminate()
+    cpu = float(f.communicate()[0])
+    print(f"- {n / seconds:.0f} lines/s, one write each, for {seconds:.0f} s: the tailer used {cpu:.2f} CPU s "
+          f"({100 * cpu / (seconds + 1):.0f}% of one core)\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=300, help="size of the throughput logs")
     ap.add_argument("--sizes", default="25,100,400", help="log sizes (MB) for the memory check")
     ap.add_argument("--latency-n", type=int, default=200)
     ap.add_argument("--latency-interval", type=float, default=0.05)
-    ap.add_argument("--only", choices=("throughput", "memory", "latency"), default=None)
+    ap.add_argument("--only", choices=("throughput", "memory", "latency", "chatty"), default=None)
     a = ap.parse_args()
     print(f"# bench_parse  ({os.cpu_count()} CPUs, Python {sys.version.split()[0]})\n")
     with tempfile.TemporaryDirectory() as d:
@@ -234,12 +270,13 @@ def main() -> None:
             throughput(tmp, a.mb)
         if a.only in (None, "memory"):
             memory(tmp, [int(x) for x in a.sizes.split(",")])
-        if a.only not in (None, "latency"):
-            return
-        print("## 3. Latency: frame written -> state.json updated (follow_run in its own process, as under jobwrap)\n")
-        for prefill in (0, 20000):
-            latency(tmp, a.latency_n, a.latency_interval, prefill)
-        print()
+        if a.only in (None, "latency"):
+            print("## 3. Latency: frame written -> state.json updated (follow_run in its own process, as under jobwrap)\n")
+            for prefill in (0, 20000):
+                latency(tmp, a.latency_n, a.latency_interval, prefill)
+            print()
+        if a.only in (None, "chatty"):
+            chatty(tmp)
 
 
 if __name__ == "__main__":
