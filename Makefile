@@ -109,3 +109,7 @@ gpu-wheels:  ## download the wheels bench/gpu_stages.sh installs on a GPU machin
 .PHONY: clean-runs
 clean-runs:  ## forget local runs and the registry (logs/ only; data/ stays)
 	rm -rf logs/local logs/registry.sqlite* logs/locks
+
+.PHONY: web
+web: $(VENV)/.installed  ## serve the status page on http://127.0.0.1:8765/ (WEB_HOST=0.0.0.0 opens it to the LAN: README first)
+	$(LAB) web $(if $(WEB_HOST),--host $(WEB_HOST)) $(if $(WEB_PORT),--port $(WEB_PORT))

@@ -94,3 +94,18 @@ def test_broken_config_launches_nothing(tmplab):
     assert p.returncode == 2
     assert "stages.b.colour" in p.stderr and "pipeline.yaml" in p.stderr
     assert tmplab.run_dirs() == []
+
+
+def test_literal_dollar_stays_literal_beside_substituted_vars(tmplab):
+    cfg = load(tmplab, PIPELINE.replace('print(${n})', "print('$$HOME', ${n}) $$(${n})"))
+    a = cfg.stage("a")
+    assert cfg.render(a, a.command[2], cfg.vars_for(a)) == "print('$HOME', 5) $(5)"
+
+
+def test_vars_refer_to_vars_and_cycles_are_refused(tmplab):
+    cfg = load(tmplab, PIPELINE.replace('n: "5"', 'n: "${m}0"\n  m: "${profile}-"'))
+    a = cfg.stage("a")
+    assert cfg.render(a, a.command[2], cfg.vars_for(a)) == "print(test-0)"
+    with pytest.raises(ConfigError) as e:
+        load(tmplab, PIPELINE.replace('n: "5"', 'n: "${m}"\n  m: "${n}"'))
+    assert "cycle" in e.value.message and "n -> m -> n" in e.value.message

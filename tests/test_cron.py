@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,7 +26,7 @@ import pytest
 
 from conftest import LAB, REPO, TmpLab
 
-FAKE_NIGHT = "2030-01-07 02:59:58"  # two seconds before a `0 3 * * *` entry is due
+FAKE_NIGHT = "2030-01-07 02:59:56"  # four seconds before a `0 3 * * *` entry is due
 # The last line of a firing's log: it ran (and wrote its summary), or it found another running.
 END = re.compile(r"^\S+ firing \S+ (complete|stopped): .* \(exit -?\d+\)$|this firing exits without touching it$",
                  re.M)
@@ -309,8 +308,14 @@ def test_install_list_remove_and_bad_schedule(night: NightLab):
     assert [t[10:16] for t in entry["next"]] == ["T04:30"] * 3
     assert "next:" in night.ns_lab("cron", "list").stdout
 
+    # A profile chosen at install time travels in the line; a second target is a second entry.
+    night.ns_lab("--profile", "test", "cron", "install", "--target", "c")
+    lines = [ln for ln in night.sb.crontab().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert len(lines) == 2 and "EAGLELAB_PROFILE=test" in lines[1] and "--target c" in lines[1]
+    assert "EAGLELAB_PROFILE" not in lines[0]
+
     out = night.ns_lab("cron", "remove").stdout
-    assert "removed 30 4 * * 1 pipeline" in out
+    assert "removed 30 4 * * 1 pipeline" in out and "removed 0 3 * * * c" in out
     assert night.sb.crontab().strip() == ""
 
 
@@ -374,14 +379,35 @@ def test_two_firings_at_once_exactly_one_runs(night: NightLab):
     assert len(list(night.cron_dir.glob("2*.json"))) == 1
 
 
-def test_killed_firing_leaves_no_lock_and_the_next_attaches(night: NightLab):
+def slow_a(night: NightLab) -> None:
     night.write_pipeline(PIPELINE.format(data=night.data).replace(
         '"--steps", "2", "--delay", "0.05", "--output", "${d}/a.json"',
         '"--steps", "40", "--delay", "0.1", "--output", "${d}/a.json"'))
+
+
+def start_firing(night: NightLab) -> subprocess.Popen:
     first = subprocess.Popen([str(LAB), "cron", "fire"], env=night.env(), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     holder_file = night.logs / "locks" / "cron-firing.json"
-    night.wait_for(lambda: holder_file.exists() and night.run_dirs())
+    night.wait_for(lambda: holder_file.exists() and night.run_dirs(), timeout=120)
+    return first
+
+
+def test_terminated_firing_records_how_far_it_got(night: NightLab):
+    slow_a(night)
+    first = start_firing(night)
+    first.send_signal(signal.SIGTERM)
+    rc = first.wait(timeout=60)
+    text = (night.cron_dir / "latest.log").read_text()
+    assert rc == 143, text
+    summary = night.summary(text)
+    assert not summary["ok"] and summary["exit_code"] == 143 and "interrupted" in summary["result"], text
+    assert not (night.logs / "locks" / "cron-firing.json").exists()
+
+
+def test_killed_firing_leaves_no_lock_and_the_next_attaches(night: NightLab):
+    slow_a(night)
+    first = start_firing(night)
     first.send_signal(signal.SIGKILL)  # killed mid-firing: its flock goes with it
     first.wait(timeout=10)
     second = night.lab("cron", "fire", timeout=120)

@@ -48,6 +48,10 @@ def hooked(tmplab: TmpLab):
           sleepy:
             host: local
             command: ["${{python}}", "-m", "eaglelab.stages.tick", "--steps", "1", "--delay", "120"]
+          stuck:
+            # a vLLM server with a request in flight and no tokens coming: the tailer calls it stalled
+            host: local
+            command: ["${{python}}", "-c", "import time; [print('INFO 11-29 03:00:0%d [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%%' % i, flush=True) for i in range(3)]; time.sleep(120)"]
         """)
     yield tmplab, r
     _kill_drainer(tmplab)
@@ -87,23 +91,17 @@ def test_completed_once_with_three_processes_polling(hooked):
 
 def test_stalled_once_and_a_stop_on_purpose_is_no_failure(hooked):
     lab, receiver = hooked
-    lab.lab("run", "sleepy", "--detach")
-    run_dir = Path(lab.wait_for(lambda: [r for r in lab.runs("sleepy") if r["state"] == "running"])[0]["run_dir"])
-    lab.wait_for(lambda: b"counting" in (run_dir / "output.log").read_bytes())
-    # What the tailer writes when a log stops moving (docs/interfaces.md, state JSON schema 1).
-    from eaglelab.fsutil import atomic_write_json
-    atomic_write_json(run_dir / "state.json", {"schema": 1, "state": "stalled", "failure": None, "progress": None,
-                                               "phase": None, "phases": [], "metrics": {}, "lines": 2,
-                                               "bad_lines": 0})
-    pollers(lab, "sleepy", "stalled")
-    assert notifications(lab) == [("stalled", "sleepy")]
+    lab.lab("run", "stuck", "--detach")
+    pollers(lab, "stuck", "stalled")  # the tailer (in jobwrap) reads the log and writes state.json
+    assert notifications(lab) == [("stalled", "stuck")]
     lab.wait_for(lambda: receiver.json("/g"))
     (got,) = receiver.json("/g")
-    assert got["event"] == "stalled" and "stalled on local" in got["text"]
+    assert got["event"] == "stalled" and got["text"].startswith("stuck stalled on local (running for ")
+    assert "3 stats lines in a row with requests running and 0 tokens/s" in got["reason"]
 
-    out = lab.lab("stop", "sleepy", "--grace", "2").stdout
+    out = lab.lab("stop", "stuck", "--grace", "2").stdout
     assert "killed" in out
-    assert notifications(lab) == [("stalled", "sleepy")]  # stopped by a person: no "failed"
+    assert notifications(lab) == [("stalled", "stuck")]  # stopped by a person: no "failed"
 
 
 def test_a_killed_stage_is_a_failure_with_its_signal(hooked):
@@ -175,3 +173,14 @@ def test_schedules():
     with pytest.raises(EaglelabError, match="'%'"):
         cronlib.fire_command(target="pipeline", python="/v/bin/python", repo=Path("/r"), conf_dir=Path("/c/50%"),
                              profile=None, logs_dir=Path("/l"))
+
+
+def test_prune_keeps_the_newest_firings(tmp_path: Path):
+    ids = [f"2026112{d}T030001-pipeline-{d}abc" for d in range(1, 6)]
+    for i in ids:
+        (tmp_path / f"{i}.log").write_text("x")
+        (tmp_path / f"{i}.json").write_text("{}")
+    (tmp_path / "cron.out").write_text("index")
+    assert cronlib.prune(tmp_path, keep=2) == ids[:3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["cron.out"] + [f"{i}{e}" for i in ids[3:] for e in (".log", ".json")])

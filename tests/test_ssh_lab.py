@@ -172,3 +172,22 @@ def test_logs_follow_streams_from_the_host_and_mirrors(sshlab):
     text = host_log.decode().replace("\r\n", "\n").replace("\r", "\n")  # as a text-mode pipe reads it
     assert out.startswith(text) and out.rstrip().endswith(f"{run_id} completed")
     assert (sshlab.logs / "mirror" / "h1" / f"{run_id}.log").read_bytes() == host_log
+
+
+def test_a_host_that_cannot_run_the_package_does_not_break_status(sshlab):
+    sshlab.write({"a": tick("h1", 1, 0.1), "b": tick("h2", 1, 0.1)}, hosts=["h1", "h2"])
+    import yaml
+    conf = yaml.safe_load((sshlab.conf / "lab.yaml").read_text())
+    conf["hosts"]["h2"]["python"] = "/nonexistent/venv/bin/python"  # never synced
+    (sshlab.conf / "lab.yaml").write_text(yaml.safe_dump(conf))
+    hosts = {h["name"]: h for h in sshlab.status()["hosts"]}
+    assert hosts["h1"]["reachable"] is True
+    assert hosts["h2"]["reachable"] is False and "lab sync h2" in hosts["h2"]["error"]
+
+
+def test_logs_shows_the_end_of_a_big_remote_log(sshlab):
+    script = "import sys\nfor i in range(50000): print(f'line {i:06d} ' + 'x' * 30)\nprint('THE END')"
+    sshlab.write({"chatty": {"host": "h2", "command": ["${python}", "-c", script]}}, hosts=["h2"])
+    sshlab.lab("run", "chatty", "--quiet")
+    out = sshlab.lab("logs", "chatty", "-n", "2").stdout.splitlines()
+    assert out[-1] == "THE END" and out[-2].startswith("line 049999")

@@ -52,6 +52,9 @@ def test_estimate_for_the_seeds_828_gb_run_from_the_prepared_manifest():
     ({"hidden_size": "16", "aux_layers": "[2, 5]", "total_tokens": "100"}, {}, 100 * 3 * 16 * 2),
     ({"hidden_size": "16", "num_samples": "10", "seq_length": "50"}, {}, 500 * 4 * 16 * 2),  # default 3 aux
     ({"hidden_size": "16", "total_tokens": "1"}, {"in": {"counts": {"total_tokens": 7}}}, 7 * 4 * 16 * 2),
+    ({"hidden_size": "16", "synth_limit": "10", "seq_length": "50", "aux_layers": "2 16 29"}, {}, 500 * 4 * 16 * 2),
+    ({"aux_layers": "2 30 58"}, {"prepared": {"counts": {"tokens": 9}, "extra": {"hidden_size": 7168}}},
+     9 * 4 * 7168 * 2),  # hidden size from the prepare stage's manifest
     ({"total_tokens": "100"}, {}, None),  # no hidden size: no guess
     ({"hidden_size": "16"}, {}, None),  # no token count
 ])
@@ -89,6 +92,25 @@ def test_parse_lock_refuses_a_range():
 ])
 def test_check_gpus(need, mem, gpus, ok):
     assert preflight.check_gpus(need, mem, gpus, "h").ok is ok
+
+
+# hostside.gpus() on a real H200 host (the device machine, 2026-11-29): nvidia-smi's view, parsed there
+H200 = [{"index": 0, "name": "NVIDIA H200", "utilization_pct": 0.0, "memory_used_mib": 0.0,
+         "memory_total_mib": 143771.0}]
+
+
+@pytest.mark.parametrize("need, mem, util, ok", [(1, None, 0.85, True), (2, None, 0.85, False),
+                                                 (1, 200_000, None, False), (1, 140_000, None, True)])
+def test_check_gpus_on_a_recorded_h200(need, mem, util, ok):
+    assert preflight.check_gpus(need, mem, H200, "h200", utilization=util).ok is ok
+
+
+def test_check_gpus_by_vllm_utilization():
+    seeds_gpu0 = {"memory_total_mib": 97_871, "memory_used_mib": 93_184}  # 91 of 95 GB held by weights
+    idle = {"memory_total_mib": 97_871, "memory_used_mib": 500}
+    assert preflight.check_gpus(2, None, [idle, idle], "h", utilization=0.85).ok is True
+    c = preflight.check_gpus(2, None, [seeds_gpu0, idle], "h", utilization=0.85)
+    assert c.ok is False and "1 of 2 GPU(s)" in c.detail and "85%" in c.detail
 
 
 # -- against real hosts --------------------------------------------------------------------------

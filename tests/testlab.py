@@ -297,14 +297,14 @@ class SshLab:
                         os.killpg(pgid, signal.SIGKILL)
                     except (OSError, ValueError, TypeError):
                         pass
+        # the master connections (also those `lab` subprocesses started): same config, same sockets
+        if (self.conf / "lab.yaml").exists():
+            self._labs.append(self.core())
         for lab in self._labs:
-            for ex in lab._executors.values():
-                close = getattr(ex, "close", None)
+            for name in lab.cfg.hosts:
+                close = getattr(lab.executor(name), "close", None)
                 if close:
                     try:
                         close()
                     except Exception:
                         pass
-        # masters started by `lab` subprocesses: ask each control socket to exit
-        for sock in (self.logs / "ssh").glob("*") if (self.logs / "ssh").is_dir() else []:
-            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True, timeout=10)

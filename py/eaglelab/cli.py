@@ -59,20 +59,30 @@ def run(c: _Ctx, stages: tuple[str, ...], wait: bool, force: bool, deps: bool, q
 @click.option("--force", is_flag=True, help="Rerun every stage.")
 @click.option("--keep-services", is_flag=True, help="Leave services running at the end.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not stream logs.")
+@click.option("--notify/--no-notify", default=True, help="Send the pipeline_finished webhook (cron firings send their own).")
 @pass_ctx
-def pipeline(c: _Ctx, force: bool, keep_services: bool, quiet: bool) -> None:
+def pipeline(c: _Ctx, force: bool, keep_services: bool, quiet: bool, notify: bool) -> None:
     """Run every job of the pipeline in dependency order (each one only if needed)."""
     lab = c.lab
+    t0 = time.time()
     failed = None
+    ran = []
     for name in lab.cfg.stage_order():
         if lab.cfg.stage(name).kind != "job":
             continue
         rec = lab.run(name, force=force, wait=True, follow=not quiet)
+        ran.append({"stage": name, "run": rec.get("id"), "state": rec.get("state")})
         if rec["state"] != "completed":
             failed = rec
             break
     if not keep_services:
         lab.stop_services(out=sys.stdout)
+    if notify:
+        from .notify import pipeline_finished
+        detail = f"{failed['stage']} {failed['state']}" if failed else f"{len(ran)} stages completed"
+        pipeline_finished(lab.notifier, firing_id=f"manual-{int(t0)}", target="pipeline", ok=failed is None,
+                          detail=detail, failed_stage=failed["stage"] if failed else None, stages=ran,
+                          duration_s=time.time() - t0, log=None)
     if failed:
         click.echo(f"lab: pipeline stopped at {failed['stage']} ({failed['state']})", err=True)
         raise click.exceptions.Exit(_exit_code(failed))

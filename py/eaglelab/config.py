@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import string
 from pathlib import Path
 from typing import Any, Literal
@@ -185,24 +184,39 @@ def did_you_mean(name: str, choices) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def render_template(value: str, variables: dict[str, str], where: str, _depth: int = 0) -> str:
-    """Replace ${var} (vars may refer to vars); an unknown var is a ConfigError naming where."""
+def render_template(value: str, variables: dict[str, str], where: str) -> str:
+    """Replace ${var} once; a var's own value may use other vars (resolved first, cycles refused).
+    `$$` is a literal `$` and stays one. An unknown var is a ConfigError naming where."""
+    return _substitute(value, _ResolvedVars(variables, where), where)
+
+
+class _ResolvedVars:
+    """The mapping string.Template reads: each var rendered (once, lazily) before it is used."""
+
+    def __init__(self, raw: dict[str, str], where: str):
+        self.raw, self.where, self.done, self.active = raw, where, {}, []
+
+    def __getitem__(self, name: str) -> str:
+        if name not in self.done:
+            if name not in self.raw:
+                raise KeyError(name)
+            if name in self.active:
+                raise ConfigError(f"{self.where}: variables refer to each other in a cycle: "
+                                  f"{' -> '.join(self.active + [name])}")
+            self.active.append(name)
+            self.done[name] = _substitute(str(self.raw[name]), self, f"{self.where} (var {name!r})")
+            self.active.pop()
+        return self.done[name]
+
+
+def _substitute(value: str, variables: _ResolvedVars, where: str) -> str:
     try:
-        out = string.Template(value).substitute(variables)
+        return string.Template(value).substitute(variables)
     except KeyError as e:
         raise ConfigError(f"{where}: unknown variable ${{{e.args[0]}}} in {value!r}"
-                          f"{did_you_mean(e.args[0], variables)}; define it under `vars:`") from None
+                          f"{did_you_mean(e.args[0], variables.raw)}; define it under `vars:`") from None
     except ValueError as e:
         raise ConfigError(f"{where}: bad $ placeholder in {value!r} ({e}); write $$ for a literal $") from None
-    # Vars may refer to vars: render again only while a known ${var} remains, so that a literal
-    # `$$(...)` (now `$(...)`) stays inert text instead of failing as a bad placeholder.
-    if "$" in out and out != value and _depth < 10 and any(
-            (m.group(1) or m.group(2)) in variables for m in _VAR_REF.finditer(out)):
-        return render_template(out, variables, where, _depth + 1)
-    return out
-
-
-_VAR_REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
 def _load_yaml(path: Path) -> dict:

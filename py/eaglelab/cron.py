@@ -11,7 +11,6 @@ firing that was killed, so a dead firing never blocks the next one.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import secrets
 import shlex
@@ -29,6 +28,7 @@ from .fsutil import atomic_write_json, read_json, utcnow_iso
 TAG = "eaglelab"
 DEFAULT_SCHEDULE = "0 3 * * *"
 BUSY_EXIT = 75  # EX_TEMPFAIL: another firing is running; this one did nothing
+KEEP_FIRINGS = 200  # logs/cron keeps the logs and summaries of this many firings (months of nights)
 
 
 class CronError(EaglelabError):
@@ -248,5 +248,32 @@ def summarize(steps: list, before: dict[str, str | None], after: dict[str, dict 
     return out
 
 
-def as_json(obj) -> str:
-    return json.dumps(obj, indent=1, default=str)
+def firing_summary(*, firing_id: str, target: str, started: float, now: float, exit_code: int,
+                   error: str | None, stages: list[dict], log: str) -> dict:
+    """Pure: what <firing>.json records and the log's last line says."""
+    ok = exit_code == 0
+    ran = [s for s in stages if s["outcome"] not in ("skipped", "not reached")]
+    bad = next((s for s in stages if s["outcome"].split(", ")[-1] in ("failed", "killed")), None)
+    if ok:
+        detail = f"ran {len(ran)}, skipped {sum(s['outcome'] == 'skipped' for s in stages)}"
+    else:
+        detail = error or (f"{bad['stage']} {bad['outcome']}" if bad else f"exit code {exit_code}")
+    return {"firing_id": firing_id, "target": target, "started_at": utcnow_iso(started), "ended_at": utcnow_iso(now),
+            "duration_s": round(now - started, 3), "exit_code": exit_code, "ok": ok, "detail": detail,
+            "result": ("complete: " if ok else "stopped: ") + detail, "failed_stage": bad["stage"] if bad else None,
+            "stages": stages, "log": log, "pid": os.getpid()}
+
+
+def prune(cron_dir: Path, keep: int = KEEP_FIRINGS) -> list[str]:
+    """Delete the logs and summaries of all but the newest `keep` firings; the firing ids removed.
+    Firing ids start with their UTC time, so their names sort by age."""
+    ids = sorted({p.name.rsplit(".", 1)[0] for p in cron_dir.glob("2*.log")} |
+                 {p.name.rsplit(".", 1)[0] for p in cron_dir.glob("2*.json")})
+    old = ids[:-keep] if keep > 0 else ids
+    for firing_id in old:
+        for ext in (".log", ".json"):
+            try:
+                (cron_dir / f"{firing_id}{ext}").unlink()
+            except FileNotFoundError:
+                pass
+    return old

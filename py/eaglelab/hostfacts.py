@@ -57,5 +57,5 @@ def manifests(inputs: list[str], base: Path) -> dict[str, dict]:
         except (OSError, ValueError):
             continue
         if isinstance(m, dict):
-            out[p] = {"counts": m.get("counts") or {}, "params": m.get("params") or {}}
+            out[p] = {"counts": m.get("counts") or {}, "params": m.get("params") or {}, "extra": m.get("extra") or {}}
     return out

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from .fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
+from .jobwrap import group_alive
 
 STALE_HEARTBEAT_S = 30.0
 
@@ -165,22 +166,14 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
     deadline = time.time() + grace_s
     # Wait for the whole group, not only the stage's main process: a child that ignores TERM would
     # otherwise keep its GPU memory after `lab stop` returned.
-    while time.time() < deadline and (not (run_dir / "exit.json").exists() or _group_alive(pgid)):
+    while time.time() < deadline and (not (run_dir / "exit.json").exists() or group_alive(pgid)):
         time.sleep(0.1)
-    if not (run_dir / "exit.json").exists() or _group_alive(pgid):
+    if not (run_dir / "exit.json").exists() or group_alive(pgid):
         _killpg(pgid, signal.SIGKILL)
     deadline = time.time() + 10
     while time.time() < deadline and not (run_dir / "exit.json").exists():
         time.sleep(0.05)
     return read_run(run_dir)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -110,7 +110,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
             continue
     ended = time.time()
     exit_code, sig = (None, -rc) if rc < 0 else (rc, None)
-    orphans = _group_alive(child.pid)
+    orphans = group_alive(child.pid)
     stop.set()
     if follower is not None:
         follower.join(timeout=10)  # let the tailer read the last lines before the end is recorded
@@ -124,7 +124,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     return rc if rc >= 0 else 128 - rc
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     """True when processes of the stage's group outlived it (they may still hold GPU memory)."""
     try:
         os.killpg(pgid, 0)

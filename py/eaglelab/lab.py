@@ -127,9 +127,13 @@ class Lab:
 
     def _upstream_newer(self, stage: StageConfig, latest: dict) -> dict | None:
         """A depends_on stage whose latest run started after this stage's latest run did (make's rule:
-        the upstream ran again, so this stage's result is stale even if its inputs' digest matches)."""
+        the upstream ran again, so this stage's result is stale even if its inputs' digest matches).
+        Start times come from the hosts' clocks; a skew shorter than the upstream's own run cannot
+        flip the order, since a stage starts only after its upstream has ended."""
         mine = parse_iso(latest.get("started_at"))
         for dep in stage.depends_on:
+            if self.cfg.stage(dep).kind != "job":
+                continue
             up = self.latest(dep)
             theirs = parse_iso(up.get("started_at")) if up else None
             if mine is not None and theirs is not None and theirs > mine:

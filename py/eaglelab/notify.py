@@ -33,6 +33,7 @@ ACTIVE = ("pending", "running")
 MAX_ATTEMPTS = 6
 BACKOFF_S = 2.0  # 2, 4, 8, 16, 32 s between attempts: the last one about a minute after the first
 TIMEOUT_S = 10.0  # per attempt (connect + answer)
+EXPIRE_S = 24 * 3600.0  # undelivered after this long: given up
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS notifications (
@@ -85,6 +86,12 @@ def failure_text(run: dict) -> str | None:
     return None
 
 
+def stall_text(run: dict) -> str:
+    """Why the tailer thinks a run is stuck (its `stall` diagnosis), or a plain default."""
+    stall = (run.get("log_state") or {}).get("stall") or {}
+    return (stall.get("message") or "").strip() or "no progress in its log"
+
+
 def human_duration(s: float | None) -> str:
     if s is None:
         return "?"
@@ -99,14 +106,14 @@ def human_duration(s: float | None) -> str:
 def stage_payload(event: str, run: dict, status_url: str, now: float) -> dict:
     """The generic body of a stage event (schema 1); the other formats are made from it."""
     from .fsutil import utcnow_iso
-    reason = failure_text(run) if event in ("failed", "stalled") else None
+    reason = failure_text(run) if event == "failed" else stall_text(run) if event == "stalled" else None
     stage, host, dur = run.get("stage"), run.get("host"), run.get("duration_s")
     if event == "completed":
         text = f"{stage} completed on {host} in {human_duration(dur)}"
     elif event == "failed":
         text = f"{stage} failed on {host} after {human_duration(dur)}: {reason or run.get('state')}"
     else:
-        text = f"{stage} stalled on {host} (running for {human_duration(dur)}): no progress in its log"
+        text = f"{stage} stalled on {host} (running for {human_duration(dur)}): {reason}"
     ls = run.get("log_state") or {}
     return {"schema": 1, "event": event, "stage": stage, "host": host, "run_id": run.get("id"),
             "state": run.get("state"), "profile": run.get("profile"), "duration_s": dur,
@@ -375,6 +382,12 @@ def _pending(db_path: Path) -> bool:
 
 def drain(db_path: Path, locks_dir: Path) -> int:
     ensure_schema(db_path)
+    db = _db(db_path)
+    try:  # a message a day late is noise: what was left (drainer killed, machine off) expires
+        db.execute("UPDATE notify_deliveries SET state='failed', last_error='expired: not delivered within "
+                   "24 h' WHERE state='pending' AND created_at < ?", (time.time() - EXPIRE_S,))
+    finally:
+        db.close()
     while True:
         lock = _try_lock(locks_dir)
         if lock is None:

@@ -49,8 +49,7 @@ def propagate(order: list[str], depends_on: dict[str, list[str]],
 def make_plan(lab: Lab, stages: list[str] | None = None, force: bool = False,
               refresh: bool = True) -> list[Step]:
     """The jobs a pipeline (or `lab run STAGES --deps`) would go through, in order, with verdicts."""
-    if refresh:
-        lab.refresh()
+    unreachable = {h: e for h, e in (lab.refresh() if refresh else {}).items() if e}
     order = [n for n in lab.cfg.stage_order(stages) if lab.cfg.stage(n).kind == "job"]
     own, latest = {}, {}
     for name in order:
@@ -58,7 +57,14 @@ def make_plan(lab: Lab, stages: list[str] | None = None, force: bool = False,
         own[name] = (action, reason)
         latest[name] = rec["id"] if rec else None
     final = propagate(order, {n: lab.cfg.stage(n).depends_on for n in order}, own)
-    return [Step(n, *final[n], latest_run=latest[n], host=lab.cfg.stage(n).host) for n in order]
+    steps = []
+    for n in order:
+        action, reason = final[n]
+        host = lab.cfg.stage(n).host
+        if host in unreachable:  # say so: the verdict rests on what was known before the host went away
+            reason += f" [host {host} unreachable: {unreachable[host]}; from its last known state]"
+        steps.append(Step(n, action, reason, latest_run=latest[n], host=host))
+    return steps
 
 
 def format_plan(steps: list[Step]) -> list[str]:

@@ -26,7 +26,8 @@ BF16_BYTES = 2
 DEFAULT_AUX_LAYERS = 3  # EAGLE-3: three aux layers [2, L//2, L-3] (+ the last layer)
 TOKEN_KEYS = ("tokens", "total_tokens", "sum_seq_len", "num_tokens")
 # pipeline vars the estimates read (each may refer to other vars)
-ESTIMATE_VARS = ("hidden_size", "aux_layers", "total_tokens", "num_samples", "seq_length", "gpu_mem_mib")
+ESTIMATE_VARS = ("hidden_size", "aux_layers", "total_tokens", "num_samples", "synth_limit", "seq_length",
+                 "gpu_mem_mib", "gpu_memory_utilization")
 
 
 @dataclass
@@ -89,13 +90,17 @@ def estimate_output_bytes(stage: StageConfig, variables: dict, manifests: dict[s
 
     A stage that writes hidden states (an output path naming `hidden_states`) is estimated from
     the prepared data's token count (its input manifest's counts.tokens, else vars total_tokens,
-    else num_samples × seq_length as an upper bound), vars aux_layers and hidden_size.
+    else num_samples (or synth_limit) × seq_length as an upper bound), vars aux_layers (a count or
+    the layer ids) and hidden_size (else the input manifest's extra.hidden_size).
     """
     if not any("hidden_states" in o for o in stage.outputs):
         return None, "no estimate for this stage (it writes no hidden states)"
     hidden = variables.get("hidden_size")
+    if hidden in (None, ""):  # the prepare stage records the target's hidden size in its manifest
+        hidden = next((m["extra"]["hidden_size"] for m in manifests.values()
+                       if (m.get("extra") or {}).get("hidden_size")), None)
     if hidden in (None, ""):
-        return None, "hidden states, but no `hidden_size` in vars: cannot estimate"
+        return None, "hidden states, but no `hidden_size` (vars or the input manifest's extra): cannot estimate"
     aux = _aux_count(variables.get("aux_layers", DEFAULT_AUX_LAYERS))
     tokens, source = None, ""
     for path, m in manifests.items():
@@ -108,9 +113,10 @@ def estimate_output_bytes(stage: StageConfig, variables: dict, manifests: dict[s
             break
     if tokens is None and variables.get("total_tokens") not in (None, ""):
         tokens, source = int(variables["total_tokens"]), "vars total_tokens"
-    if tokens is None and variables.get("num_samples") and variables.get("seq_length"):
-        tokens = int(variables["num_samples"]) * int(variables["seq_length"])
-        source = "vars num_samples × seq_length (upper bound)"
+    samples_key = next((k for k in ("num_samples", "synth_limit") if variables.get(k)), None)
+    if tokens is None and samples_key and variables.get("seq_length"):
+        tokens = int(variables[samples_key]) * int(variables["seq_length"])
+        source = f"vars {samples_key} × seq_length (upper bound: every sample full length)"
     if tokens is None:
         return None, "hidden states, but no token count (input manifest counts.tokens or vars total_tokens)"
     est = hidden_states_bytes(tokens, aux, int(hidden))
@@ -136,8 +142,9 @@ def check_env(lock_path: Path, packages: dict[str, str], host: str) -> Check:
 
 
 def check_disk(estimate: int | None, how: str, free: int | None, where: str) -> Check:
-    if estimate is None:
-        return Check("disk", True if free else None, f"{how}; {gib(free or 0)} free at {where}")
+    if estimate is None:  # WARN when a hidden-states stage could not be estimated, else PASS
+        return Check("disk", None if how.startswith("hidden states") or not free else True,
+                     f"{how}; {gib(free or 0)} free at {where}")
     if free is None:
         return Check("disk", None, f"estimated output {estimate:,} B ({gib(estimate)}); free disk unknown")
     verdict = estimate <= free
@@ -147,15 +154,24 @@ def check_disk(estimate: int | None, how: str, free: int | None, where: str) -> 
                  "free disk there, or point the stage's outputs at a larger filesystem")
 
 
-def check_gpus(need: int, mem_mib: float | None, gpus: list[dict] | None, host: str) -> Check:
+def check_gpus(need: int, mem_mib: float | None, gpus: list[dict] | None, host: str,
+               utilization: float | None = None) -> Check:
+    """Enough GPUs with mem_mib free each — or, for a vLLM stage, with its gpu_memory_utilization
+    share of the GPU free (vLLM refuses to start below it; the seeds' GPU 0 had 91 of 95 GB held)."""
     if need <= 0:
         return Check("gpus", True, "the stage needs no GPU")
     if gpus is None:
         return Check("gpus", False, f"the stage needs {need} GPU(s); {host} has none (no nvidia-smi)",
                      "run it on a GPU host (stages.NAME.host)")
     free = [(g.get("memory_total_mib") or 0) - (g.get("memory_used_mib") or 0) for g in gpus]
-    fit = [f for f in free if mem_mib is None or f >= mem_mib]
-    want = f" with {mem_mib:,.0f} MiB free" if mem_mib else ""
+    if mem_mib is not None:
+        fit = [f for f in free if f >= mem_mib]
+        want = f" with {mem_mib:,.0f} MiB free"
+    elif utilization is not None:
+        fit = [f for f, g in zip(free, gpus) if f >= utilization * (g.get("memory_total_mib") or 0)]
+        want = f" with {utilization:.0%} of their memory free (gpu_memory_utilization)"
+    else:
+        fit, want = free, ""
     detail = f"{len(fit)} of {len(gpus)} GPU(s) on {host}{want}; the stage needs {need} (free MiB: " \
              f"{', '.join(f'{f:,.0f}' for f in free)})"
     return Check("gpus", len(fit) >= need, detail,
@@ -207,9 +223,9 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
                  spec["outputs"][0] if spec["outputs"] else ex.work_dir)
     free = disk.get(where, min(disk.values()) if disk else None)
     checks.append(check_disk(est, how, free, where))
-    mem = variables.get("gpu_mem_mib")
+    mem, util = variables.get("gpu_mem_mib"), variables.get("gpu_memory_utilization")
     checks.append(check_gpus(stage.gpus, float(mem) if mem not in (None, "") else None, facts.get("gpus"),
-                             stage.host))
+                             stage.host, float(util) if util not in (None, "") else None))
     checks.append(check_inputs(facts.get("inputs") or {}))
     return checks
 

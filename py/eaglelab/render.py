@@ -76,6 +76,8 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
             detail = f" sig {r['signal']}"
         elif r.get("exit_code") not in (None, 0):
             detail = f" rc {r['exit_code']}"
+        if r.get("orphans"):  # processes of its group outlived it: GPU memory may still be held
+            detail += " +orphans"
         style = STATE_STYLE.get(state, "")
         table.add_row(s["name"], s["host"], f"[{style}]{state}{detail}[/]" if style else state + detail,
                       r.get("id", ""), fmt_duration(r.get("duration_s")), progress_text(r), eta_text(r))

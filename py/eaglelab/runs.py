@@ -22,14 +22,17 @@ from .fsutil import utcnow_iso
 STATES = ("pending", "running", "completed", "failed", "killed")
 COLUMNS = ("id", "stage", "host", "profile", "fingerprint", "kind", "state", "exit_code", "signal",
            "started_at", "ended_at", "duration_s", "run_dir", "pid", "pgid", "lost", "log_state", "updated_at",
-           "orphans")
+           "orphans", "log_size")
+
+# columns added after the first release: (name, declaration) for ALTER TABLE on older registries
+ADDED_COLUMNS = {"orphans": "INTEGER DEFAULT 0", "log_size": "INTEGER"}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   id TEXT PRIMARY KEY, stage TEXT NOT NULL, host TEXT NOT NULL, profile TEXT, fingerprint TEXT,
   kind TEXT, state TEXT NOT NULL, exit_code INTEGER, signal INTEGER, started_at TEXT, ended_at TEXT,
   duration_s REAL, run_dir TEXT, pid INTEGER, pgid INTEGER, lost INTEGER DEFAULT 0,
-  log_state TEXT, updated_at TEXT, orphans INTEGER DEFAULT 0
+  log_state TEXT, updated_at TEXT, orphans INTEGER DEFAULT 0, log_size INTEGER
 );
 CREATE INDEX IF NOT EXISTS runs_stage ON runs(stage, started_at);
 CREATE TABLE IF NOT EXISTS hosts (
@@ -53,8 +56,10 @@ class Registry:
         try:
             with self._connect() as db:
                 db.executescript(SCHEMA)
-                if "orphans" not in {r[1] for r in db.execute("PRAGMA table_info(runs)")}:
-                    db.execute("ALTER TABLE runs ADD COLUMN orphans INTEGER DEFAULT 0")  # registries made before it
+                have = {r[1] for r in db.execute("PRAGMA table_info(runs)")}
+                for col, decl in ADDED_COLUMNS.items():  # registries made before these columns existed
+                    if col not in have:
+                        db.execute(f"ALTER TABLE runs ADD COLUMN {col} {decl}")
         except sqlite3.DatabaseError as e:
             raise RegistryError(f"{self.path}: not a usable registry ({e}); move it aside and run "
                                 f"`lab status` to rebuild it from the hosts") from None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import posixpath
 import shlex
 import subprocess
-from pathlib import Path
 from typing import TextIO
 
 from .config import REPO_ROOT

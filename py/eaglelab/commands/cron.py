@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -27,8 +28,10 @@ def _lab(ctx: click.Context):
 
 
 def _check_target(lab, target: str) -> str:
-    if target != "pipeline":
-        lab.cfg.stage(target)  # a ConfigError naming the stages when it is neither
+    if target != "pipeline" and lab.cfg.stage(target).kind != "job":  # stage(): an error naming the stages
+        raise cronlib.CronError(f"--target {target}: a service runs until stopped; give `pipeline` or a job "
+                                f"(jobs start the services they need): "
+                                f"{', '.join(n for n, s in lab.cfg.stages.items() if s.kind == 'job')}")
     return target
 
 
@@ -125,7 +128,9 @@ def fire(ctx: click.Context, target: str) -> None:
                    f"since {h.get('since', '?')}, log {h.get('log', '?')}); this firing exits without touching it")
         raise click.exceptions.Exit(cronlib.BUSY_EXIT)
     cronlib.point_latest(cron_dir, log_path)
-    rc, steps, error = 1, [], None
+    rc, steps, before, error = 1, [], {}, None
+    # A firing stopped by SIGTERM (shutdown, a person) still records how far it got.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         steps = make_plan(lab, None if target == "pipeline" else [target])
         click.echo("plan:")
@@ -133,28 +138,25 @@ def fire(ctx: click.Context, target: str) -> None:
             click.echo(f"  {line}")
         before = {s.stage: s.latest_run for s in steps}
         rc, error = _run_target(ctx, target)
+    except (SystemExit, KeyboardInterrupt) as e:
+        rc = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
+        error = f"the firing was interrupted (exit {rc}); its stages run on and the next firing attaches"
     finally:
         after = {s.stage: lab.latest(s.stage) for s in steps}
-        stages = cronlib.summarize(steps, before if steps else {}, after)
-        ran = [s for s in stages if s["outcome"] not in ("skipped", "not reached")]
-        bad = next((s for s in stages if s["outcome"] in ("failed", "killed", "attached, failed",
-                                                          "attached, killed")), None)
-        ok = rc == 0
-        detail = (f"ran {len(ran)}, skipped {sum(s['outcome'] == 'skipped' for s in stages)}" if ok else
-                  error or (f"{bad['stage']} {bad['outcome']}" if bad else f"exit code {rc}"))
-        result = ("complete: " if ok else "stopped: ") + detail
-        summary = {"firing_id": firing_id, "target": target, "started_at": utcnow_iso(t0), "ended_at": utcnow_iso(),
-                   "duration_s": round(time.time() - t0, 3), "exit_code": rc, "ok": ok, "result": result,
-                   "stages": stages, "log": str(log_path), "pid": os.getpid()}
+        stages = cronlib.summarize(steps, before, after)
+        summary = cronlib.firing_summary(firing_id=firing_id, target=target, started=t0, now=time.time(),
+                                         exit_code=rc, error=error, stages=stages, log=str(log_path))
+        result, bad = summary["result"], summary["failed_stage"]
         for s in stages:
             click.echo(f"  {s['stage']}: {s['outcome']}" + (f" ({s['run_id']})" if s["run_id"] else ""))
         cronlib.write_summary(cron_dir, summary)
         from ..notify import pipeline_finished
-        pipeline_finished(lab.notifier, firing_id=firing_id, target=target, ok=ok, detail=detail,
-                          failed_stage=bad["stage"] if bad else None, stages=stages,
+        pipeline_finished(lab.notifier, firing_id=firing_id, target=target, ok=summary["ok"],
+                          detail=summary["detail"], failed_stage=bad, stages=stages,
                           duration_s=time.time() - t0, log=str(log_path))
         # The last line: whoever waits on the log knows the summary is written.
         click.echo(f"{utcnow_iso()} firing {firing_id} {result} in {time.time() - t0:.1f} s (exit {rc})")
+        cronlib.prune(cron_dir)
         lock.release()
     raise click.exceptions.Exit(rc)
 
@@ -164,7 +166,8 @@ def _run_target(ctx: click.Context, target: str) -> tuple[int, str | None]:
     root = ctx.find_root()
     try:
         if target == "pipeline":
-            root.invoke(root.command.get_command(root, "pipeline"), force=False, keep_services=False, quiet=True)
+            root.invoke(root.command.get_command(root, "pipeline"), force=False, keep_services=False, quiet=True,
+                        notify=False)  # the firing sends its own pipeline_finished
         else:
             root.invoke(root.command.get_command(root, "run"), stages=(target,), wait=True, force=False,
                         deps=True, quiet=True)

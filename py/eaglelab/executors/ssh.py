@@ -127,8 +127,8 @@ class SshExecutor(Executor):
         return shlex.join(["env", f"PYTHONPATH={pythonpath}", self.remote_python, "-m", "eaglelab.hostside",
                            verb, json.dumps(args)])
 
-    def run_ssh(self, remote: str, timeout: float | None = None, multiplex: bool | None = None,
-                input: bytes | None = None) -> subprocess.CompletedProcess:
+    def run_ssh(self, remote: str, timeout: float | None = None,
+                multiplex: bool | None = None) -> subprocess.CompletedProcess:
         """Run one remote command string; HostUnreachable on rc 255 or timeout."""
         argv = self.ssh_argv(multiplex) + ["--", self.ssh.host, remote]
         timeout = timeout or self.ssh.command_timeout_s
@@ -136,8 +136,8 @@ class SshExecutor(Executor):
         # first caller's stderr open for as long as the master lives, and a pipe would never end.
         with tempfile.TemporaryFile() as err:
             try:
-                cp = subprocess.run(argv, stdin=subprocess.DEVNULL if input is None else None, input=input,
-                                    stdout=subprocess.PIPE, stderr=err, timeout=timeout)
+                cp = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                                    timeout=timeout)
             except subprocess.TimeoutExpired:
                 raise HostUnreachable(f"host {self.host.name!r} ({self.ssh.host}): no answer over ssh within "
                                       f"{timeout:.0f} s; its runs keep their last known state") from None
@@ -184,7 +184,14 @@ class SshExecutor(Executor):
         return self.call("launch", {"work_dir": self.work_dir, "spec": spec})
 
     def report(self, stage: str | None = None) -> dict:
-        return self.call("report", {"work_dir": self.work_dir, "stage": stage})
+        try:
+            return self.call("report", {"work_dir": self.work_dir, "stage": stage})
+        except HostUnreachable:
+            raise
+        except HostError as e:
+            # A host that answers but cannot run our package (not synced yet, venv gone) is not
+            # usable: status shows it unreachable with the reason, and the other hosts still report.
+            raise HostUnreachable(str(e)) from None
 
     def stop(self, run_id: str, grace_s: float = 30.0) -> dict:
         return self.call("stop", {"work_dir": self.work_dir, "run_id": run_id, "grace_s": grace_s},
