@@ -90,6 +90,14 @@ bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)
 bench-eta: setup  ## ETA accuracy on the log corpus beside tqdm's own ETA (bench/RESULTS.md, ETA)
 	$(VENV)/bin/python bench/bench_eta.py
 
+.PHONY: test-parse
+test-parse: setup  ## the parser and tailer tests: real logs, live tailing of real processes, fuzzing
+	$(VENV)/bin/python -m pytest tests/test_parse_*.py tests/test_tail*.py -q $(PYTEST_ARGS)
+
+.PHONY: bench-parse
+bench-parse: setup  ## parser throughput vs grep -c, memory as the log grows, live latency (bench/RESULTS.md)
+	$(VENV)/bin/python bench/bench_parse.py --mb 300 --sizes 25,100,400 --latency-n 200
+
 .PHONY: test-stages
 test-stages: $(VENV)/.installed  ## the pipeline stages' fast unit tests
 	$(VENV)/bin/python -m pytest tests/test_stages_unit.py -q $(PYTEST_ARGS)
