@@ -86,6 +86,18 @@ test-ssh: setup  ## the ssh lab tests: real hosts as network namespaces with the
 bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
 
+.PHONY: bench-eta
+bench-eta: setup  ## ETA accuracy on the log corpus beside tqdm's own ETA (bench/RESULTS.md, ETA)
+	$(VENV)/bin/python bench/bench_eta.py
+
+.PHONY: test-parse
+test-parse: setup  ## the parser and tailer tests: real logs, live tailing of real processes, fuzzing
+	$(VENV)/bin/python -m pytest tests/test_parse_*.py tests/test_tail*.py -q $(PYTEST_ARGS)
+
+.PHONY: bench-parse
+bench-parse: setup  ## parser throughput vs grep -c, memory as the log grows, live latency (bench/RESULTS.md)
+	$(VENV)/bin/python bench/bench_parse.py --mb 300 --sizes 25,100,400 --latency-n 200
+
 .PHONY: test-stages
 test-stages: $(VENV)/.installed  ## the pipeline stages' fast unit tests
 	$(VENV)/bin/python -m pytest tests/test_stages_unit.py -q $(PYTEST_ARGS)
@@ -101,3 +113,7 @@ gpu-wheels:  ## download the wheels bench/gpu_stages.sh installs on a GPU machin
 .PHONY: clean-runs
 clean-runs:  ## forget local runs and the registry (logs/ only; data/ stays)
 	rm -rf logs/local logs/registry.sqlite* logs/locks
+
+.PHONY: web
+web: $(VENV)/.installed  ## serve the status page on http://127.0.0.1:8765/ (WEB_HOST=0.0.0.0 opens it to the LAN: README first)
+	$(LAB) web $(if $(WEB_HOST),--host $(WEB_HOST)) $(if $(WEB_PORT),--port $(WEB_PORT))

@@ -4,8 +4,10 @@
 
 Corpus (bench/corpus/, sources in bench/corpus/SOURCES.md):
   real/       progress lines pasted in public GitHub issues (vLLM / SGLang weight loads, vLLM
-              offline inference, Lightning training);
+              offline inference, Lightning training), plus the parser's fixture logs
+              (tests/fixtures/logs/public, sources in tests/fixtures/logs/SOURCES.md);
   recorded/   real runs recorded on this machine (bench/record_runs.py): CPU training, tokenizing;
+              plus tests/fixtures/logs/recorded (a vLLM CPU server start, speculators' trainer);
   synthetic   (made here, reported apart, never mixed in): per-item times drawn from scenarios
               (drift like the seeds' load, a 100x slow first item, a collapse, evaluation pauses)
               and printed by tqdm itself (tqdm's format_meter and EMA on a simulated clock).
@@ -41,6 +43,10 @@ from eaglelab.eta import TqdmEma, estimate_bar  # noqa: E402
 from eaglelab.eta_replay import replay  # noqa: E402
 
 CORPUS = ROOT / "bench" / "corpus"
+# The parser's fixture logs (real, sources in tests/fixtures/logs/SOURCES.md) count too.
+PARSER_FIXTURES = ROOT / "tests" / "fixtures" / "logs"
+PARSER_DIRS = {"real": "public", "recorded": "recorded"}
+DUPLICATES = {"sglang_dsv3_shards.log"}  # the same paste as real/sglang-7181-163shards.log
 MIN_TRUTH_S = 2.0
 
 
@@ -180,7 +186,9 @@ def main() -> None:
             for name, text in synthetic_logs().items():
                 scores += score_log(name, text)
         else:
-            for path in sorted((CORPUS / group).glob("*.log")):
+            paths = sorted((CORPUS / group).glob("*.log")) + sorted(
+                p for p in (PARSER_FIXTURES / PARSER_DIRS[group]).glob("*.log") if p.name not in DUPLICATES)
+            for path in paths:
                 text = path.read_bytes().decode("utf-8", errors="replace")
                 scores += score_log(path.stem, text)
         summarize(f"[{group}{' (SYNTHETIC)' if group == 'synthetic' else ''}]", scores)

@@ -6,6 +6,8 @@ curves), the real collect() and the real `lab web` server (werkzeug, threaded) i
 refreshing its snapshot every 2 s while the clients hammer it. Only the hosts are not asked
 (collect(refresh=False)): this measures the page, not ssh.
 
+BENCH_REFRESHER=thread runs the refresh in a thread of the serving process instead (to compare).
+
 Printed: p50/p99/max and requests/s per route, with two baselines measured in the same run:
   /healthz  the server's floor (a constant response): api p99 / healthz p99 is the ratio to it;
   /naive    what the snapshot avoids: collect() + json.dumps on every request (bench-only route).
@@ -17,15 +19,16 @@ The machine's load average is printed too: the team shares its 2 cores.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -98,65 +101,71 @@ def build_lab(root: Path) -> Path:
     return conf
 
 
-def serve(conf: str, port: int) -> None:
+def serve(conf: str, port: int, refresh_s: float) -> None:
     """The server process: `lab web`'s app and server, plus the bench-only /naive route."""
     from flask import Response
-    from werkzeug.serving import make_server
 
     from eaglelab.lab import Lab
     from eaglelab.status import collect
-    from status_web import create_app
+    from status_web import create_app, server
 
     lab = Lab.load(conf)
     source = lambda: collect(lab, refresh=False)  # noqa: E731
-    app = create_app(lab, source=source, refresh_s=2.0)
+    app = create_app(lab, refresh_s=refresh_s, refresher=os.environ.get("BENCH_REFRESHER", "process"),
+                     ask_hosts=False)
     app.add_url_rule("/naive", "naive", lambda: Response(json.dumps(source()), mimetype="application/json"))
     import logging
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    make_server("127.0.0.1", port, app, threaded=True).serve_forever()
+    server.make(app, "127.0.0.1", port).serve_forever()
 
 
 def load(port: int, path: str, clients: int, seconds: float, gz: bool = True, keepalive: bool = True) -> dict:
-    """Closed loop: each client sends its next request as soon as the last one is answered, on its
-    kept-alive connection (as a polling browser does; keepalive=False: a new one each time), with
-    Accept-Encoding: gzip as browsers and `requests` send it (gz=False: as plain curl does)."""
+    """Closed loop: each of `clients` sends its next request as soon as the last one is answered, on
+    its kept-alive connection (as a polling browser does; keepalive=False: a new one each time), with
+    Accept-Encoding: gzip as browsers and `requests` send it (gz=False: as plain curl does).
+    The clients are coroutines of one asyncio loop in this process: no client-side thread contention
+    inflates the server's figures."""
+    return asyncio.run(_load(port, path, clients, seconds, gz, keepalive))
+
+
+async def _load(port, path, clients, seconds, gz, keepalive) -> dict:
     lat: list[float] = []
     sizes: list[int] = []
     errors = [0]
+    request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               + ("Accept-Encoding: gzip\r\n" if gz else "")
+               + ("" if keepalive else "Connection: close\r\n") + "\r\n").encode()
     stop = time.perf_counter() + seconds
-    lock = threading.Lock()
 
-    def client():
-        mine = []
-        c = None
+    async def client():
+        conn = None
         while time.perf_counter() < stop:
             t0 = time.perf_counter()
             try:
-                if c is None or not keepalive:
-                    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                c.request("GET", path, headers={"Accept-Encoding": "gzip"} if gz else {})
-                r = c.getresponse()
-                body = r.read()
-                if not keepalive:
-                    c.close()
-                ok = r.status == 200
-            except (OSError, http.client.HTTPException):
-                ok, body, c = False, b"", None
-            dt = time.perf_counter() - t0
+                if conn is None:
+                    conn = await asyncio.open_connection("127.0.0.1", port)
+                reader, writer = conn
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                status = int(head.split(b" ", 2)[1])
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+                body = await reader.readexactly(length)
+                if not keepalive or re.search(rb"(?i)connection: *close", head):
+                    writer.close()
+                    conn = None
+                ok = status == 200
+            except (OSError, asyncio.IncompleteReadError, AttributeError, ValueError):
+                ok, body, conn = False, b"", None
             if ok:
-                mine.append(dt)
+                lat.append(time.perf_counter() - t0)
                 sizes.append(len(body))
             else:
                 errors[0] += 1
-        with lock:
-            lat.extend(mine)
+        if conn is not None:
+            conn[1].close()
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    await asyncio.gather(*(client() for _ in range(clients)))
     wall = time.perf_counter() - t0
     lat.sort()
     q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else [float("nan")] * 99
@@ -169,10 +178,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--refresh", type=float, default=2.0, help="the server's refresh interval (lab web's default)")
     ap.add_argument("--serve", nargs=2, metavar=("CONF", "PORT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
-        serve(a.serve[0], int(a.serve[1]))
+        serve(a.serve[0], int(a.serve[1]), a.refresh)
         return
     with tempfile.TemporaryDirectory(prefix="bench_web.") as tmp:
         t0 = time.perf_counter()
@@ -181,7 +191,8 @@ def main() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        server = subprocess.Popen([sys.executable, __file__, "--serve", str(conf), str(port)],
+        server = subprocess.Popen([sys.executable, __file__, "--serve", str(conf), str(port),
+                                   "--refresh", str(a.refresh)],
                                   env={**os.environ, "EAGLELAB_TOKEN": ""})
         try:
             deadline = time.time() + 60
@@ -197,7 +208,8 @@ def main() -> None:
                     raise SystemExit("server did not start")
                 time.sleep(0.2)
             print(f"lab: {HOSTS} hosts x {STAGES} stages, built in {time.perf_counter() - t0:.1f} s; "
-                  f"{a.clients} concurrent clients, {a.seconds:.0f} s per route, {os.cpu_count()} CPUs, "
+                  f"{a.clients} concurrent clients, {a.seconds:.0f} s per route, refresh every {a.refresh:g} s, "
+                  f"{len(os.sched_getaffinity(0))} CPUs, "
                   f"load average {os.getloadavg()[0]:.1f}")
             results = {}
             for name, path, secs, gz, ka in (("/healthz", "/healthz", a.seconds, True, True),

@@ -19,7 +19,7 @@ from flask import Flask, Response, abort, g, jsonify, redirect, render_template,
 
 from . import metrics as metrics_mod
 from . import model, svg
-from .snapshot import Snapshot
+from .snapshot import ProcessSnapshot, Snapshot
 
 LOG_TAIL_BYTES = 64 * 1024
 ACTION_WAIT_S = 10.0
@@ -28,27 +28,37 @@ ACTION_WAIT_S = 10.0
 @dataclass
 class WebState:
     lab: object | None  # eaglelab.lab.Lab (None: read-only, e.g. a replayed status)
-    snapshot: Snapshot
+    snapshot: Snapshot | ProcessSnapshot
     token: str | None
     read_token: bool
 
 
 def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
                source: Callable[[], dict] | None = None, token: str | None = None, read_token: bool = False,
-               refresh_s: float = 2.0, start: bool = True, clock: Callable[[], float] = time.time) -> Flask:
+               refresh_s: float = 2.0, start: bool = True, clock: Callable[[], float] = time.time,
+               refresher: str = "thread", ask_hosts: bool = True) -> Flask:
     """The app for a lab (or Lab.load(conf, profile)). `source` replaces collect(lab) (benchmarks,
     tests); `token` defaults to the env var named by lab.yaml's web.token_env; `start=False` leaves
-    the background refresh to the caller (app.extensions['eaglelab'].snapshot.refresh_now())."""
+    the background refresh to the caller (app.extensions['eaglelab'].snapshot.refresh_now()).
+    refresher="process" (what `lab web` uses) refreshes in a child process: see snapshot.py.
+    ask_hosts=False reads the registry only (benchmarks)."""
+    source_given = source is not None
     if lab is None and source is None:
         from eaglelab.lab import Lab
         lab = Lab.load(conf, profile)
     if source is None:
         from eaglelab.status import collect
-        source = lambda: collect(lab, refresh=True)  # noqa: E731
+        source = lambda: collect(lab, refresh=ask_hosts)  # noqa: E731
     if token is None and lab is not None:
         token = os.environ.get(lab.cfg.lab.web.token_env) or None
     local_hosts = (lambda: {n for n, h in lab.cfg.hosts.items() if h.reach == "local"}) if lab else set
-    snap = Snapshot(source, refresh_s, local_hosts=local_hosts, clock=clock)
+    if refresher == "process":
+        if lab is None or source_given:
+            raise ValueError("refresher='process' needs a lab loaded from its conf (no `source`)")
+        snap = ProcessSnapshot({"conf": str(lab.cfg.conf_dir), "profile": lab.cfg.profile, "token": token,
+                                "read_token": read_token, "ask_hosts": ask_hosts}, refresh_s)
+    else:
+        snap = Snapshot(source, refresh_s, local_hosts=local_hosts, clock=clock)
 
     app = Flask(__name__)
     app.config["JSON_SORT_KEYS"] = False
@@ -115,7 +125,8 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
     def current():
         s = snap.current
         if s is None:
-            abort(_json_error(503, "the first status refresh has not finished yet; retry in a moment",
+            why = f" (last error: {snap.error})" if snap.error else ""
+            abort(_json_error(503, f"the first status refresh has not finished yet; retry in a moment{why}",
                               retry_after=2))
         return s
 

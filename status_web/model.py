@@ -14,6 +14,7 @@ from typing import Any, Callable
 from eaglelab.fsutil import parse_iso
 
 FINAL = ("completed", "failed", "killed")
+MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 
 
 # -- small readers --------------------------------------------------------------------------------
@@ -106,7 +107,9 @@ def eta_view(fin: dict | None, now: float, source: str = "") -> dict | None:
         return None
     rng = ""
     if fin.get("low") is not None and fin.get("high") is not None:
-        rng = f"{fmt_clock(fin['low'], now)}–{fmt_clock(fin['high'], now)}"
+        lo, hi = fmt_clock(fin["low"], now), fmt_clock(fin["high"], now)
+        # within one minute the clock says nothing: give the range as time from now
+        rng = f"{lo}–{hi}" if lo != hi else f"{fmt_duration(fin['low'] - now)}–{fmt_duration(fin['high'] - now)}"
     return {"clock": fmt_clock(fin["at"], now), "range": rng, "in": fmt_duration(fin["at"] - now),
             "source": source, **fin}
 
@@ -180,6 +183,7 @@ def cell(stage: dict, run: dict | None, hosts: dict[str, dict], now: float) -> d
         "started": fmt_clock(ts(run.get("started_at")), now), "ended": fmt_clock(ts(run.get("ended_at")), now),
         "unreachable_since": fmt_clock(ts(host.get("unreachable_since")), now) if state == "unreachable" else "",
         "note": state_file_note(run) if run and state in ("running", "stalled") else "",
+        "stall": str(mapping(ls.get("stall")).get("message") or "") if state == "stalled" else "",
     }
 
 
@@ -219,6 +223,12 @@ def timeline(status: dict, now: float) -> dict:
         row = guarded(lambda: _timeline_row(s, by_id.get(s.get("latest_run")), runs, ends, now),
                       {"stage": str(s.get("name")), "segments": [], "note": "unreadable"})
         rows.append(row)
+    hidden = 0
+    if len(rows) > MAX_TIMELINE_ROWS:  # a big lab: what is still to happen, and what went wrong
+        critical = set(mapping(status.get("pipeline")).get("critical_path") or [])
+        keep = [r for r in rows if r["stage"] in critical or r.get("state") not in ("completed", "pending")
+                or any(seg["kind"] == "predicted" for seg in r["segments"])][:MAX_TIMELINE_ROWS]
+        hidden, rows = len(rows) - len(keep), keep
     starts = [seg["start"] for r in rows for seg in r["segments"]]
     stops = [seg.get("high") or seg["end"] for r in rows for seg in r["segments"]]
     fin = finish_times(status.get("pipeline"), now)
@@ -227,8 +237,8 @@ def timeline(status: dict, now: float) -> dict:
     t0 = min(starts + [now])
     t1 = max(stops + [now] + ([fin.get("high") or fin["at"]] if fin else []))
     pad = max((t1 - t0) * 0.03, 30.0)
-    unknown = [r["stage"] for r in rows if not r["segments"] and r.get("state") == "pending"]
-    return {"rows": rows, "start": t0 - pad, "end": t1 + pad, "now": now,
+    unknown = [r["stage"] for r in rows if not r["segments"] and r.get("state") == "pending"][:10]
+    return {"rows": rows, "start": t0 - pad, "end": t1 + pad, "now": now, "hidden": hidden,
             "finish": fin, "finish_view": eta_view(fin, now, "eta"), "unestimated": unknown}
 
 
@@ -247,6 +257,14 @@ def _timeline_row(stage: dict, run: dict | None, runs: list[dict], ends: dict, n
         segs.append({"kind": state, "start": start, "end": end,
                      "tip": f"{name}: {state}, {fmt_duration(end - start)}"})
         ends[name] = end if state == "completed" else now
+        again = mapping(stage.get("eta"))
+        fin = finish_times(again, now)
+        if again.get("assumes_rerun") and fin and fin["at"] > now:  # upstream reruns: so will this
+            begin = ts(again.get("start_at")) or deps_end
+            segs.append({"kind": "predicted", "start": begin, "end": fin["at"], "low": fin.get("low"),
+                         "high": fin.get("high"), "tip": f"{name}: rerun predicted {fmt_clock(begin, now)}–"
+                                                         f"{fmt_clock(fin['at'], now)}"})
+            ends[name] = fin["at"]
     elif run and start is not None and state in ("running", "stalled", "unreachable"):
         segs.append({"kind": state, "start": start, "end": now, "tip": f"{name}: {state} for {fmt_duration(now - start)}"})
         fin, _src = run_finish(run, stage, now)
@@ -300,11 +318,12 @@ def bar_history(log_state: Any) -> list[tuple[float, float]]:
 def seconds_per_item(samples: list[tuple[float, float]], resolution_s: float = 1.0,
                      max_points: int = 120) -> list[tuple[float, float]]:
     """(item index, seconds per item) over the run: consecutive samples joined until they span at
-    least resolution_s (tqdm prints whole seconds) and one item, and more when there are many."""
+    least one item and enough time that tqdm's whole-second clock errs by ~10% at most (10
+    resolutions), less when the bar is still short (8 points at least), more when there are many."""
     if len(samples) < 2:
         return []
     span = samples[-1][0] - samples[0][0]
-    min_dt = max(resolution_s, span / max_points)
+    min_dt = max(resolution_s, min(10 * resolution_s, span / 8), span / max_points)
     out = []
     a = samples[0]
     for b in samples[1:]:
@@ -361,7 +380,8 @@ def phases_view(log_state: Any) -> list[dict]:
 
 
 def preflight_view(run: dict) -> list[dict]:
-    """Preflight results, when the run record or its state carries them: [{check, ok, message}]."""
+    """Preflight results (eaglelab.preflight.as_dicts: name, ok, detail, fix), when the run record or
+    its state carries them."""
     raw = run.get("preflight") or mapping(run.get("log_state")).get("preflight")
     if isinstance(raw, dict):
         raw = raw.get("checks") or [{"check": k, **(v if isinstance(v, dict) else {"ok": bool(v)})}
@@ -369,8 +389,11 @@ def preflight_view(run: dict) -> list[dict]:
     out = []
     for c in raw if isinstance(raw, list) else []:
         if isinstance(c, dict):
-            out.append({"check": str(c.get("check") or c.get("name") or "?"), "ok": c.get("ok"),
-                        "message": str(c.get("message") or c.get("detail") or "")})
+            ok = c.get("ok")
+            out.append({"check": str(c.get("check") or c.get("name") or "?"), "ok": ok,
+                        "verdict": {True: "PASS", False: "FAIL"}.get(ok, "WARN") if isinstance(ok, bool) or ok is None
+                        else "?", "message": str(c.get("message") or c.get("detail") or ""),
+                        "fix": str(c.get("fix") or "")})
     return out
 
 

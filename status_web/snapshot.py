@@ -10,7 +10,6 @@ import hashlib
 import json
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -21,16 +20,24 @@ GZIP_LEVEL = 6  # status JSON is repetitive: level 6 is ~60x smaller than raw, l
 MAX_SLOW_SHARE = 1 / 3  # a refresh that takes t seconds waits at least 2t: the refresher uses <= 1/3 of a core
 
 
-@dataclass(frozen=True)
 class Snap:
-    version: int
-    status: dict
-    body: bytes  # /api/status, serialized once per refresh
-    body_gz: bytes
-    etag: str
-    refreshed_at: float
-    cache: dict = field(default_factory=dict)  # rendered responses of this version: key -> (raw, gzipped)
-    lock: threading.Lock = field(default_factory=threading.Lock)  # one render per key, not one per request
+    """One refresh's result, immutable once published. `status` is parsed from `body` on first use
+    when the Snap came from the refresher process (the hot routes never need it)."""
+
+    def __init__(self, version: int, status: dict | None, body: bytes, body_gz: bytes, etag: str,
+                 refreshed_at: float, cache: dict | None = None):
+        self.version, self.body, self.body_gz, self.etag, self.refreshed_at = version, body, body_gz, etag, refreshed_at
+        self._status = status
+        self.cache: dict = cache if cache is not None else {}  # rendered responses: key -> (raw, gzipped)
+        self.lock = threading.Lock()  # one render per key, not one per request
+
+    @property
+    def status(self) -> dict:
+        if self._status is None:
+            with self.lock:
+                if self._status is None:
+                    self._status = json.loads(self.body)
+        return self._status
 
     def cached(self, key, build: Callable[[], bytes]) -> tuple[bytes, bytes]:
         """(raw, gzipped) for key, built once per snapshot however many requests ask at once."""
@@ -84,7 +91,7 @@ class Snapshot:
             if status is None:
                 if prev is None:
                     return None
-                status = dict(prev.status)
+                status = dict(prev.status)  # noqa: the previous one, marked with the error below
             else:
                 mark_state_files(status, self.local_hosts())
             now = self.clock()
@@ -140,3 +147,106 @@ def mark_state_files(status: dict, local_hosts: set[str]) -> None:
             # the path comes from the registry (written by our own launcher), never from a URL
             path = Path(r["run_dir"]) / "state.json"
             r["log_state_status"] = "unreadable" if path.exists() else "missing"
+
+
+# -- the refresh in a process of its own ------------------------------------------------------------
+# Measured (bench/bench_web.py, 50 hosts x 8 stages, 2 cores): with the refresh in a thread of the
+# serving process, /api/status p99 was ~125 ms: collect() and json/gzip/render hold the GIL for
+# ~1 s per refresh and every request waits behind them. In a child process: ~20 ms.
+
+class ProcessSnapshot:
+    """Snapshot's interface; the refresh (collect, JSON, gzip, pre-rendered pages) runs in a child
+    process that builds the same app (status_web.create_app) and sends back only bytes."""
+
+    def __init__(self, child_args: dict, interval_s: float):
+        import multiprocessing as mp
+        self.interval_s = interval_s
+        self.warmers: list = []  # the child pre-renders
+        self._snap: Snap | None = None
+        self._error: str | None = None
+        self._fresh = threading.Condition()
+        ctx = mp.get_context("spawn")  # never fork a process that has threads
+        self._conn, child_conn = ctx.Pipe()
+        self._proc = ctx.Process(target=_child_main, args=(child_conn, child_args, interval_s),
+                                 name="eaglelab-web-refresh", daemon=True)
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    @property
+    def current(self) -> Snap | None:
+        return self._snap
+
+    @property
+    def error(self) -> str | None:
+        return self._error
+
+    def start(self) -> "ProcessSnapshot":
+        if self._thread is None:
+            self._proc.start()
+            self._thread = threading.Thread(target=self._receive, name="status-receive", daemon=True)
+            self._thread.start()
+        return self
+
+    def _receive(self) -> None:
+        version = 0
+        while not self._stopped:
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                if not self._stopped:
+                    self._error = "the status refresher process ended; restart `lab web`"
+                return
+            version += 1
+            snap = Snap(version, None, msg["body"], msg["body_gz"], msg["etag"], msg["refreshed_at"], msg["cache"])
+            with self._fresh:
+                self._error = msg["error"]
+                self._snap = snap
+                self._fresh.notify_all()
+
+    def refresh_now(self, timeout: float = 60.0) -> Snap | None:
+        """Ask for a refresh and wait for it (tests, and the first page)."""
+        self.start()
+        with self._fresh:
+            before = self._snap
+            self.poke()
+            self._fresh.wait_for(lambda: self._snap is not before, timeout)
+        return self._snap
+
+    def poke(self) -> None:
+        try:
+            self._conn.send("refresh")
+        except (OSError, ValueError):
+            pass
+
+    def stop(self) -> None:
+        self._stopped = True
+        try:
+            self._conn.send("stop")
+        except (OSError, ValueError):
+            pass
+        if self._proc.is_alive():
+            self._proc.join(timeout=10)
+        if self._proc.is_alive():
+            self._proc.terminate()
+
+
+def _child_main(conn, child_args: dict, interval_s: float) -> None:
+    """The refresher process: the same app, refreshed in-thread here, its Snap sent as bytes."""
+    from .app import create_app
+    app = create_app(**child_args, refresh_s=interval_s, start=False, refresher="thread")
+    snapshot = app.extensions["eaglelab"].snapshot
+    while True:
+        snap = snapshot.refresh_now()
+        if snap is not None:
+            conn.send({"body": snap.body, "body_gz": snap.body_gz, "etag": snap.etag,
+                       "refreshed_at": snap.refreshed_at, "cache": dict(snap.cache), "error": snapshot.error})
+        wait = max(interval_s, snapshot.last_took_s / MAX_SLOW_SHARE - snapshot.last_took_s)
+        if conn.poll(wait):
+            try:
+                if conn.recv() == "stop":
+                    return
+            except EOFError:
+                return
+            while conn.poll(0):  # several pokes: one refresh
+                if conn.recv() == "stop":
+                    return

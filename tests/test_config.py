@@ -109,3 +109,9 @@ def test_vars_refer_to_vars_and_cycles_are_refused(tmplab):
     with pytest.raises(ConfigError) as e:
         load(tmplab, PIPELINE.replace('n: "5"', 'n: "${m}"\n  m: "${n}"'))
     assert "cycle" in e.value.message and "n -> m -> n" in e.value.message
+
+
+def test_shell_looking_text_is_inert_data(tmplab):
+    cfg = load(tmplab, PIPELINE.replace('n: "5"', "n: '$(rm -rf /) `id` $HOME $1'"))
+    a = cfg.stage("a")
+    assert cfg.render(a, a.command[2], cfg.vars_for(a)) == "print($(rm -rf /) `id` $HOME $1)"

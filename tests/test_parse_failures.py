@@ -32,6 +32,8 @@ def state_of(text: str) -> dict:
     ("TimeoutError: Timed out waiting for the engine to start", "timeout"),
     ("httpx.ReadTimeout: timed out", "timeout"),
     ("ValueError: --draft-vocab-size 40000 exceeds the target vocab", "python_exception"),
+    ("RuntimeError: CUDA error: device-side assert triggered", "python_exception"),
+    ("jobwrap: cannot start 'speculators' in '/srv': [Errno 2] No such file or directory: 'speculators'", "other"),
     ("Segmentation fault (core dumped)", "other"),
     ("Fatal Python error: Aborted", "other"),
 ])

@@ -83,3 +83,30 @@ def test_state_machine_takes_any_text_lines(lines):
         s.feed_line(line, i, now=float(i))
     snap = s.snapshot(now=1e6, alive=True)
     json.dumps(snap)
+    assert s.bad_lines == 0  # no recognizer raised (a raise is caught and counted, so count it here)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([p.decode("utf-8", "replace") for p in PIECES]) | st.text(max_size=30), max_size=12))
+def test_mixes_of_real_pieces_never_make_a_recognizer_raise(pieces):
+    s = LogState()
+    s.feed_line("".join(pieces), 1, now=1.0)
+    s.feed_frame("".join(reversed(pieces)), 1, now=2.0)
+    assert s.bad_lines == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(chunks, st.integers(min_value=1, max_value=64))
+def test_reading_a_file_through_one_buffer_equals_feeding_chunks(parts, chunk):
+    import tempfile
+
+    from eaglelab.tail.whole import parse_file
+
+    data = b"".join(parts)
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(data)
+        f.flush()
+        from_file = parse_file(f.name, chunk=chunk)
+    from_chunks = parse_chunks([data])
+    for key in ("state", "failure", "lines", "bad_lines", "metrics", "phases", "ready", "progress"):
+        assert from_file[key] == from_chunks[key], key

@@ -119,3 +119,50 @@ def test_parse_time_forms():
     assert parse_time("1:00:01") == 3601.0
     assert parse_time("2 days, 0:00:01") == 2 * 86400 + 1.0
     assert parse_time("?") is None and parse_time(None) is None
+
+
+def test_rate_flipping_between_s_per_it_and_it_per_s_is_normalised():
+    slow = parse_progress("Loading: 10%|#  | 1/10 [00:02<00:18,  2.00s/it]")
+    fast = parse_progress("Loading: 20%|## | 2/10 [00:02<00:08,  1.25it/s]")
+    assert (slow.rate_unit, slow.rate_s_per_it) == ("s/it", 2.0)
+    assert (fast.rate_unit, fast.rate_s_per_it) == ("it/s", 0.8)
+    assert slow.key == fast.key  # the same bar
+
+
+def test_nested_bars_from_real_tqdm_are_kept_apart():
+    from eaglelab.tail.whole import parse_bytes
+
+    buf = io.StringIO()
+    with tqdm(total=2, desc="Epoch", file=buf, mininterval=0, position=0) as outer:
+        for _ in range(2):
+            for _ in tqdm(range(3), desc="Batch", file=buf, mininterval=0, position=1, leave=False):
+                pass
+            outer.update(1)
+    s = parse_bytes(buf.getvalue().encode(), include_history=True)
+    bars = {b["label"]: b for b in s["progress_bars"]}
+    assert bars["Epoch"]["n"] == 2 and bars["Epoch"]["total"] == 2
+    assert bars["Batch"]["total"] == 3 and bars["Batch"]["restarts"] == 1  # the inner bar ran twice
+    assert s["bad_lines"] == 0
+
+
+@pytest.mark.parametrize("line,prefix,message", [
+    ("(Worker_TP0 pid=12) x", "(Worker_TP0 pid=12)", "x"),
+    ("(Worker_PP0_TP0_EP0 pid=7) x", "(Worker_PP0_TP0_EP0 pid=7)", "x"),
+    ("(VllmWorker rank=0 pid=34) x", "(VllmWorker rank=0 pid=34)", "x"),
+    ("(RayWorkerWrapper pid=1234, ip=10.0.0.1) x", "(RayWorkerWrapper pid=1234, ip=10.0.0.1)", "x"),
+    ("(pid=99) x", "(pid=99)", "x"),
+    ("[rank3]: x", "[rank3]:", "x"),
+    ("[rank0]:[W914 04:53:45.6 ProcessGroupNCCL.cpp:1476] w", "[rank0]:", "[W914 04:53:45.6 ProcessGroupNCCL.cpp:1476] w"),
+    ("[default0]:x", "[default0]:", "x"),
+    ("0: x", "0:", "x"),
+    ("[1,0]<stdout>: x", "[1,0]<stdout>:", "x"),
+    ("2026-05-12T08:01:39.331095044Z (APIServer pid=1) x", "(APIServer pid=1)", "x"),
+    ("(EngineCore pid=1) (RayWorkerWrapper pid=2) x", "(EngineCore pid=1) (RayWorkerWrapper pid=2)", "x"),
+    ("(not a prefix) x", "", "(not a prefix) x"),
+    ("12:30:01 INFO x", "", "12:30:01 INFO x"),
+])
+def test_process_prefixes(line, prefix, message):
+    from eaglelab.parse.prefixes import split_prefix
+
+    s = split_prefix(line)
+    assert (s.prefix, s.message) == (prefix, message)

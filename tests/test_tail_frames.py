@@ -63,12 +63,21 @@ def test_overlong_line_is_cut_and_memory_stays_bounded():
     assert t.sp.lines == 2 and t.sp.bad == 1
 
 
-def test_long_frame_runs_are_decimated_but_keep_the_last_frame():
-    frames = b"".join(b"\rbar %d" % i for i in range(1000)) + b"\rnext"
-    s = run([frames], sample=8)
-    got = [t for t, _ in s.frames]
-    assert len(got) == 9 and got[0] == "bar 0" and got[-1] == "bar 999"
-    small = run([b"\rbar 1\rbar 2\rbar 3\r", b"x"], sample=8)
+def test_long_frame_runs_are_sampled_by_stream_bytes_whatever_the_chunking():
+    frames = b"".join(b"\rbar %04d" % i for i in range(2400))               # 21.6 kB of frames
+    whole = run([frames + b"\n"], sample_bytes=1000)
+    got = [t for t, _ in whole.frames]
+    assert got[0] == "bar 0000" and 20 <= len(got) <= 24 and got == sorted(got)
+    assert whole.lines == [("bar 2399", 1)]                                  # the last frame shows
+    chunked = run([frames[i:i + 6000] for i in range(0, len(frames), 6000)] + [b"\n"], sample_bytes=1000)
+    # Big reads are sampled alike; a read that brings a short run (here the last 3.6 kB) is taken whole.
+    ch = [t for t, _ in chunked.frames]
+    assert ch == sorted(ch) and ch[:18] == got[:18] and chunked.lines == [("bar 2399", 1)]
+    live = run([frames[i:i + 300] for i in range(0, len(frames), 300)] + [b"\n"], sample_bytes=1000)
+    assert len(live.frames) == 2399  # small reads (live tailing): every frame
+    every = run([frames + b"\n"], sample_bytes=0)
+    assert [t for t, _ in every.frames] == ["bar %04d" % i for i in range(2399)]
+    small = run([b"\rbar 1\rbar 2\rbar 3\r", b"x"], sample_bytes=1000)
     assert [t for t, _ in small.frames] == ["bar 1", "bar 2", "bar 3"]
 
 

@@ -156,3 +156,38 @@ def test_lab_tail_once_writes_every_run_of_a_runs_directory(tmp_path):
 def test_lab_tail_names_a_missing_directory(tmp_path):
     result = CliRunner().invoke(tail_cmd, [str(tmp_path / "nope"), "--once"])
     assert result.exit_code == 2 and "is not a directory" in result.output
+
+
+def test_a_phase_far_longer_than_in_earlier_runs_is_a_stall(tmp_path):
+    runs = tmp_path / "runs"
+    for i, took in enumerate((100.0, 120.0, 110.0)):
+        old = runs / f"extract-20261129T10000{i}-abcd"
+        old.mkdir(parents=True)
+        (old / "state.json").write_text(json.dumps({"schema": 1, "phases": [
+            {"name": "extracting", "started_line": 1, "ended_line": 9, "duration_s": took}]}))
+    run = runs / "extract-20261129T120000-beef"
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({"schema": 1, "stage": "extract", "pid": os.getpid()}))
+    (run / "output.log").write_bytes(b"eaglelab: phase extracting started\n")
+    now = [1000.0]
+    fol = RunFollower(run, clock=lambda: now[0])
+    assert fol.state.expected_phase_s == {"extracting": 110.0}
+    fol.read()
+    now[0] += 200                   # within 3x the earlier runs' median (330 s)
+    assert fol.snapshot()["state"] == "running"
+    now[0] += 200                   # past it, and nothing moved for more than 300 s
+    s = fol.snapshot()
+    assert s["state"] == "stalled" and s["stall"]["reason"] == "phase_overdue"
+
+
+def test_lab_tail_does_not_reread_a_finished_run_it_only_adds_the_exit(tmp_path):
+    run = tmp_path / "runs" / "tick-20261129T000000-aaaa"
+    s = jobwrap(run, "print('hello')")            # jobwrap's tailer wrote the final log state
+    raw = read_json(run / "state.json")
+    assert raw["final"] is True and "exit" not in raw and s["state"] == "completed"
+    (run / "output.log").write_bytes(b"")          # were it read again, its lines would drop to 0
+    os.utime(run / "state.json")
+    result = CliRunner().invoke(tail_cmd, [str(tmp_path / "runs"), "--once"])
+    assert result.exit_code == 0, result.output
+    after = read_json(run / "state.json")
+    assert after["lines"] == 1 and after["exit"]["exit_code"] == 0 and after["state"] == "completed"

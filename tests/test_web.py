@@ -68,7 +68,8 @@ def test_api_status_is_collect_plus_web(lab, tmp_path):
     for key in ("id", "stage", "host", "state", "exit_code", "signal", "started_at", "ended_at"):
         assert key in run
     assert run["state"] == "completed" and run["log_state_status"] == "missing"
-    assert body["stages"][0] == {**direct["stages"][0]}
+    drop_eta = lambda d: {k: v for k, v in d.items() if k != "eta"}  # noqa: E731 - relative to each one's now
+    assert drop_eta(body["stages"][0]) == drop_eta(direct["stages"][0])
     assert body["hosts"][0]["name"] == "local" and body["hosts"][0]["reachable"] is True
     assert body["web"]["refresh_error"] is None
 
@@ -403,3 +404,60 @@ def test_gzip_copies_are_the_same_documents(client):
     page = client.get("/", headers={"Accept-Encoding": "gzip"})
     assert gz.decompress(page.get_data()).decode() == text(client.get("/"))
     assert b"eaglelab_stage_state" in gz.decompress(client.get("/metrics", headers={"Accept-Encoding": "gzip"}).data)
+
+
+def test_refresher_process_serves_the_same_pages(lab, tmp_path):
+    """`lab web`'s mode: collect/JSON/gzip/pre-rendering in a child process, bytes sent back."""
+    make_run_dir(tmp_path / "work", "tick-20270115T070000-0001", log=b"<b>bold?</b>\n")
+    app = create_app(lab, refresher="process", start=False)
+    snapshot = app.extensions["eaglelab"].snapshot
+    try:
+        assert snapshot.refresh_now() is not None and snapshot.error is None
+        c = app.test_client()
+        body = c.get("/api/status").get_json()
+        assert [r["id"] for r in body["runs"]] == ["tick-20270115T070000-0001"]
+        assert body["runs"][0]["log_state_status"] == "missing"
+        assert ("overview.html", (), True) in snapshot.current.cache  # pre-rendered by the child
+        assert 'data-stage="tick" data-state="completed"' in text(c.get("/"))
+        assert "&lt;b&gt;bold?&lt;/b&gt;" in text(c.get("/runs/tick-20270115T070000-0001"))
+        assert b"eaglelab_stage_state" in c.get("/metrics").data
+        version = snapshot.current.version
+        snapshot.refresh_now()
+        assert snapshot.current.version > version
+    finally:
+        snapshot.stop()
+    assert not snapshot._proc.is_alive()
+
+
+def test_stalled_cell_says_why():
+    status = web_samples.lab_status()
+    status["stages"][1]["state"] = "stalled"
+    status["runs"][1]["log_state"]["stall"] = {"reason": "no_progress", "idle_s": 900.0,
+                                               "message": "no progress for 15 min (bar pace 28 s/shard)"}
+    html = text(sample_app(status).test_client().get("/"))
+    assert 'data-stage="extract" data-state="stalled"' in html
+    assert "stalled: no progress for 15 min (bar pace 28 s/shard)" in html
+
+
+def test_run_page_shows_preflight_when_the_record_has_it():
+    status = web_samples.lab_status()
+    status["runs"][2]["preflight"] = [
+        {"name": "disk", "ok": True, "detail": "412 GiB free >= 38 GiB", "fix": ""},
+        {"name": "env", "ok": False, "detail": "torch 2.13.0 != 2.12.1 <in lock>", "fix": "make sync HOST=gpu2"},
+        {"name": "gpus", "ok": None, "detail": "nvidia-smi not found", "fix": ""}]
+    html = text(sample_app(status).test_client().get(f"/runs/{TRAIN}"))
+    assert "<b>PASS</b> disk: 412 GiB free" in html
+    assert "<b>FAIL</b> env: torch 2.13.0 != 2.12.1 &lt;in lock&gt; <span class=\"muted\">— fix: make sync HOST=gpu2" in html
+    assert "<b>WARN</b> gpus" in html
+
+
+def test_a_big_lab_keeps_the_timeline_readable():
+    status = web_samples.lab_status()
+    done = status["runs"][0]
+    for i in range(100):
+        status["runs"].append({**done, "id": f"old-{i}", "stage": f"old-{i}"})
+        status["stages"].insert(0, {"name": f"old-{i}", "host": "gpu1", "kind": "job", "depends_on": [],
+                                    "latest_run": f"old-{i}", "state": "completed"})
+    tl = model.timeline(status, web_samples.NOW)
+    assert tl["hidden"] >= 100 and {"extract", "vocab", "train"} <= {r["stage"] for r in tl["rows"]}
+    assert "finished stages off the critical path not shown" in text(sample_app(status).test_client().get("/"))

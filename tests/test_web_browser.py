@@ -120,3 +120,30 @@ def test_live_page_during_a_real_run(tmplab):
     finally:
         stop_web(web)
         tmplab.lab("stop", "tick", check=False)
+
+
+def test_lab_web_refuses_clearly(tmplab):
+    """--read-token without a token, and a port in use: errors that say what to do."""
+    tmplab.write_pipeline(PIPELINE.format(data=tmplab.root / "data"))
+    env = {k: v for k, v in tmplab.env().items() if k != "EAGLELAB_TOKEN"}
+    p = subprocess.run([str(LAB), "web", "--read-token"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--read-token needs a token: set $EAGLELAB_TOKEN" in p.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = subprocess.run([str(LAB), "web", "--port", str(port)], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert p.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in p.stderr and "--port" in p.stderr
+
+
+def test_lab_web_binds_loopback_by_default(tmplab):
+    tmplab.write_pipeline(PIPELINE.format(data=tmplab.root / "data"))
+    port = free_port()
+    web = start_web(tmplab, port)
+    try:
+        with socket.socket() as s:  # the same port on another local address is free: not bound there
+            s.bind(("127.0.0.2", port))
+    finally:
+        stop_web(web)
+    assert "lab web: http://127.0.0.1:" in web.stdout.read().decode()

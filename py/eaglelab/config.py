@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
-import string
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -185,21 +185,25 @@ def did_you_mean(name: str, choices) -> str:
 
 
 def render_template(value: str, variables: dict[str, str], where: str) -> str:
-    """Replace ${var} once; a var's own value may use other vars (resolved first, cycles refused).
-    `$$` is a literal `$` and stays one. An unknown var is a ConfigError naming where."""
+    """Replace ${var} and $var once; a var's own value may use other vars (resolved first, cycles
+    refused). `$$` is a literal `$`; any other `$` (`$(...)`, `$1`, an unknown bare `$HOME`) stays as
+    written, so shell-looking text is inert data. An unknown ${var} is a ConfigError naming where."""
     return _substitute(value, _ResolvedVars(variables, where), where)
 
 
+_VAR_TOKEN = re.compile(r"\$(?:(\$)|\{([^}]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
 class _ResolvedVars:
-    """The mapping string.Template reads: each var rendered (once, lazily) before it is used."""
+    """Each var rendered (once, lazily) before it is used."""
 
     def __init__(self, raw: dict[str, str], where: str):
         self.raw, self.where, self.done, self.active = raw, where, {}, []
 
-    def __getitem__(self, name: str) -> str:
+    def get(self, name: str) -> str | None:
         if name not in self.done:
             if name not in self.raw:
-                raise KeyError(name)
+                return None
             if name in self.active:
                 raise ConfigError(f"{self.where}: variables refer to each other in a cycle: "
                                   f"{' -> '.join(self.active + [name])}")
@@ -210,13 +214,19 @@ class _ResolvedVars:
 
 
 def _substitute(value: str, variables: _ResolvedVars, where: str) -> str:
-    try:
-        return string.Template(value).substitute(variables)
-    except KeyError as e:
-        raise ConfigError(f"{where}: unknown variable ${{{e.args[0]}}} in {value!r}"
-                          f"{did_you_mean(e.args[0], variables.raw)}; define it under `vars:`") from None
-    except ValueError as e:
-        raise ConfigError(f"{where}: bad $ placeholder in {value!r} ({e}); write $$ for a literal $") from None
+    def one(m: re.Match) -> str:
+        if m.group(1):
+            return "$"
+        name = m.group(2) if m.group(2) is not None else m.group(3)
+        resolved = variables.get(name)
+        if resolved is not None:
+            return resolved
+        if m.group(2) is not None:  # ${name}: surely meant as a variable
+            raise ConfigError(f"{where}: unknown variable ${{{name}}} in {value!r}"
+                              f"{did_you_mean(name, variables.raw)}; define it under `vars:`")
+        return m.group(0)  # $word that is no variable: literal text
+
+    return _VAR_TOKEN.sub(one, value)
 
 
 def _load_yaml(path: Path) -> dict:

@@ -5,20 +5,21 @@ of the last few updates, so it jumps with every slow item and it is blind to a d
 seeds' 64-shard load slowed from 16 to 29 s/shard and took 45-60 min where 31 were announced).
 
 The bar estimator (`estimate_bar`) uses the whole observation history:
-  1. consecutive observations become segments (items done, seconds taken); segments shorter than
-     the clock's resolution are merged (printed elapsed times are whole seconds);
-  2. a robust (Tukey bisquare, IRLS) weighted regression of log(seconds per item) on the item
-     index gives the *shape* of the rate: its level now and its drift. A 100x slow first item is an
-     outlier there and gets no weight;
-  3. a run of consecutive segments at the end that all sit far on one side of the fit is a regime
-     change (a collapse or a speed-up): the fit restarts at the change;
-  4. the *level* is calibrated so that the fitted curve spends as much time as the bar really did
+  1. consecutive observations become segments (items done, seconds taken), merged until each
+     spans two ticks of the clock (printed elapsed times are whole seconds);
+  2. a clean step in the per-item time (a collapse, a warm cache, a 100x slow first item) starts a
+     new regime; a step counts only when two levels split the segments cleanly and fit clearly
+     better than a straight trend, so a gradual drift stays one regime;
+  3. a robust (Tukey bisquare, IRLS) weighted regression of log(seconds per item) on the item
+     index over the regime gives the rate's shape: its level now and its drift (kept only when
+     significant); recent segments weigh more, but never fewer than 8 carry the weight;
+  4. the level is calibrated so that the fitted curve spends as much time as the bar really did
      (so periodic slow steps, e.g. evaluation pauses, count), leaving out early outliers only;
-  5. the remaining time integrates the per-item time over the items left, the drift continued at
-     half strength for at most as many items as were observed (a linear drift must not be
-     extrapolated to the end of a long bar), the range from the level's uncertainty (how much the
-     segments scatter, how many there are, the clock's resolution) and from the two extremes of
-     the drift (stops now / continues in full).
+  5. the time left integrates the per-item time over the items left, the drift continued linearly
+     at half strength for at most as many items as were observed and never beyond x2.5; the range
+     adds the level's uncertainty (scatter over evidence, the rate's wander between blocks of the
+     history, the clock's resolution, the noise still to come) to the two extremes of the drift
+     (stops now / continues in full).
 
 Stage and pipeline ETAs (`annotate`) combine the current bar with the history of earlier runs of
 the same stage on the same host and profile (see `RunRecord`), and propagate finish times through
@@ -30,16 +31,19 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
+
+from .errors import RegistryError
 
 # --- tuning (measured on bench/corpus with bench/bench_eta.py; see bench/RESULTS.md) ---------------
 DRIFT_DAMPING = 0.5  # share of the fitted drift that is assumed to continue
 RANGE_Z = 2.1  # half-width of the range in units of the level's log-scale uncertainty
 RANGE_FLOOR = 0.08  # the range is never narrower than +-8% (model risk that no fit sees)
 RECENCY = 0.5  # fit weights fall as exp(x / RECENCY): x = -1 at the regime's start, 0 now
+RECENT_SEGMENTS = 8  # ... but a recency scale never spans fewer than this many segments
 LEVEL_RECENCY = 0.5  # the level is calibrated with weights exp(x / LEVEL_RECENCY)
 MIN_SEGMENTS_FOR_DRIFT = 5  # fewer segments: no drift term, level only
 DRIFT_T = 2.0  # a drift is kept only when its slope is this many standard errors from 0
@@ -240,7 +244,12 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     mids, dns, dts, y = mids[c:], dns[c:], dts[c:], y[c:]
     span = max(float(mids[-1] - mids[0]), 1.0)
     x = (mids - mids[-1]) / span  # 0 at the latest segment, -1 at the first of the regime
-    w = _capped(dns) * np.exp(x / RECENCY)  # the whole history, the recent part weighing more
+    # Recency scales in x units (the regime spans x = -1..0), never shorter than RECENT_SEGMENTS
+    # segments: with few segments a heavy recency weight would be tqdm's EMA again.
+    seg = 1.0 / max(len(dns) - 1, 1)
+    fit_scale = max(RECENCY, RECENT_SEGMENTS * seg)
+    level_scale = max(LEVEL_RECENCY, RECENT_SEGMENTS * seg)
+    w = _capped(dns) * np.exp(x / fit_scale)  # the whole history, the recent part weighing more
     drift = len(dns) >= MIN_SEGMENTS_FOR_DRIFT
     a, b, scale, rw = _robust_line(x, y, w, drift)
 
@@ -250,10 +259,9 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     # first batch) is not going to come back.
     k = len(dns)
     calib = ~((rw == 0) & (x < -0.8))
-    lw = np.exp(x / LEVEL_RECENCY) * calib
+    lw = np.exp(x / level_scale) * calib
     level = float(np.sum(lw * dts) / np.sum(lw * np.exp(a + b * x) * dns))
-    # Drift per item (log scale), from per-span units.
-    b_item = b / span
+    b_item = b / span  # relative change of the per-item time per item (d log p / d item)
     cap = float(n_last - (mids[0] - dns[0] / 2))  # items observed in the fitted stretch
     p0 = math.exp(a + b * (n_last - mids[-1]) / span) * level  # per-item time at the current item
 
@@ -418,17 +426,43 @@ class History:
         if not d:
             return cls()
         runs = []
-        for r in d.get("runs", []):
-            phases = tuple(PhaseRecord(name=p["name"], duration_s=float(p["duration_s"]),
-                                       items=p.get("items"), s_per_item=p.get("s_per_item"))
-                           for p in r.get("phases") or [] if p.get("duration_s") is not None)
-            dur = r.get("duration_s")
-            if dur is None:
-                dur = sum(p.duration_s for p in phases)
-            runs.append(RunRecord(stage=r["stage"], host=r.get("host", ""), profile=r.get("profile", ""),
-                                  duration_s=float(dur), phases=phases, state=r.get("state", "completed"),
-                                  run_id=r.get("run_id") or r.get("id"), ended_at=r.get("ended_at")))
+        for i, r in enumerate(d.get("runs", [])):
+            where = f"ETA history runs[{i}]"
+            try:
+                phases = tuple(PhaseRecord(name=str(p["name"]), duration_s=float(p["duration_s"]),
+                                           items=_opt_float(p.get("items")), s_per_item=_opt_float(p.get("s_per_item")))
+                               for p in r.get("phases") or [] if p.get("duration_s") is not None)
+                dur = r.get("duration_s")
+                dur = sum(p.duration_s for p in phases) if dur is None else float(dur)
+                runs.append(RunRecord(stage=str(r["stage"]), host=str(r.get("host", "")),
+                                      profile=str(r.get("profile", "")), duration_s=dur, phases=phases,
+                                      state=str(r.get("state", "completed")),
+                                      run_id=r.get("run_id") or r.get("id"), ended_at=r.get("ended_at")))
+            except KeyError as e:
+                raise RegistryError(f"{where}: missing key {e.args[0]!r}; each run needs `stage` and each "
+                                    f"phase `name` and `duration_s` (docs/interfaces.md, ETA)") from None
+            except (TypeError, ValueError, AttributeError) as e:
+                raise RegistryError(f"{where}: {e}; durations are seconds (numbers), phases a list of "
+                                    f"objects (docs/interfaces.md, ETA)") from None
+        runs.extend(_runs_from_phase_rows(d.get("phases") or []))
         return cls(runs=tuple(runs), expected_items=dict(d.get("expected_items") or {}))
+
+    def with_status_runs(self, status: dict) -> "History":
+        """Plus the finished runs the status itself lists (their phases from their log state), so an
+        ETA has history even where the registry kept no phase rows; a run already known is skipped."""
+        known = {r.run_id for r in self.runs if r.run_id}
+        extra = []
+        for r in status.get("runs", []):
+            if r.get("state") != "completed" or r.get("id") in known or r.get("duration_s") is None:
+                continue
+            ls = r.get("log_state") or {}
+            phases = tuple(PhaseRecord(str(p.get("name")), float(p["duration_s"]))
+                           for p in ls.get("phases") or [] if p.get("duration_s") is not None)
+            extra.append(RunRecord(stage=str(r.get("stage")), host=str(r.get("host")),
+                                   profile=str(r.get("profile") or status.get("profile") or ""),
+                                   duration_s=float(r["duration_s"]), phases=phases, run_id=r.get("id"),
+                                   ended_at=r.get("ended_at")))
+        return History(runs=self.runs + tuple(extra), expected_items=self.expected_items)
 
     def same(self, stage: str, host: str, profile: str) -> list[RunRecord]:
         """Completed runs of this stage on this host with this profile, oldest first."""
@@ -458,6 +492,39 @@ HISTORY_WIDEN = 0.15  # phase durations from history: the range is [min, max] of
 OTHER_WIDEN = 1.0  # from another host/profile: x0.5 .. x2
 
 
+def _runs_from_phase_rows(rows: list[dict]) -> list[RunRecord]:
+    """The registry's flat phase rows ({run_id, stage, host, profile, phase, duration_s, items,
+    rate_s_per_item, ended_at}, oldest first) grouped into runs, phases in the order they ended."""
+    by_run: dict[str, list[dict]] = {}
+    for i, row in enumerate(rows):
+        for key in ("run_id", "stage", "phase"):
+            if row.get(key) is None:
+                raise RegistryError(f"ETA history phases[{i}]: missing key {key!r}; each phase row needs "
+                                    f"run_id, stage, phase and duration_s (docs/interfaces.md, ETA)")
+        by_run.setdefault(str(row["run_id"]), []).append(row)
+    out = []
+    for run_id, prows in by_run.items():
+        try:
+            phases = tuple(PhaseRecord(str(p["phase"]), float(p["duration_s"]), _opt_float(p.get("items")),
+                                       _opt_float(p.get("rate_s_per_item", p.get("s_per_item"))))
+                           for p in prows if p.get("duration_s") is not None and p["phase"] != WHOLE_RUN)
+            whole = [float(p["duration_s"]) for p in prows if p["phase"] == WHOLE_RUN and p.get("duration_s") is not None]
+        except (TypeError, ValueError) as e:
+            raise RegistryError(f"ETA history phases of run {run_id}: {e}; duration_s, items and "
+                                f"rate_s_per_item are numbers (docs/interfaces.md, ETA)") from None
+        first = prows[0]
+        # `__run__` is the whole run (it includes time outside every phase), not one more phase.
+        duration = whole[-1] if whole else sum(p.duration_s for p in phases)
+        out.append(RunRecord(stage=str(first["stage"]), host=str(first.get("host") or ""),
+                             profile=str(first.get("profile") or ""), duration_s=duration,
+                             phases=phases, run_id=run_id, ended_at=prows[-1].get("ended_at")))
+    return out
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
 def _from_durations(durations: list[float], source: str, widen: float) -> Span:
     med = statistics.median(durations)
     return Span(med, min(durations) / (1 + widen), max(durations) * (1 + widen), source)
@@ -465,7 +532,14 @@ def _from_durations(durations: list[float], source: str, widen: float) -> Span:
 
 def phase_estimate(history: History, stage: str, host: str, profile: str, phase: str) -> Span | None:
     """How long a phase that has not begun will take: same stage+host+profile history, else the
-    expected size times a rate measured elsewhere, else the same phase elsewhere (wide range)."""
+    expected size times a rate measured elsewhere, else the same phase elsewhere (wide range).
+    WHOLE_RUN: the whole run of a stage whose runs name no phases."""
+    if phase == WHOLE_RUN:
+        same = [r.duration_s for r in history.same(stage, host, profile)]
+        if same:
+            return _from_durations(same, "history", HISTORY_WIDEN)
+        other = [r.duration_s for r in history.other(stage)]
+        return _from_durations(other, "other_host", OTHER_WIDEN) if other else None
     same = [p.duration_s for r in history.same(stage, host, profile) for p in r.phases if p.name == phase]
     if same:
         return _from_durations(same, "history", HISTORY_WIDEN)
@@ -485,7 +559,7 @@ def phase_template(history: History, stage: str, host: str, profile: str) -> lis
         for r in reversed(runs):
             if r.phases:
                 return [p.name for p in r.phases]
-    return []
+    return [WHOLE_RUN] if history.other(stage) else []  # runs known, phases not: the run is one phase
 
 
 def run_duration_estimate(history: History, stage: str, host: str, profile: str) -> Span | None:
@@ -512,6 +586,7 @@ def run_duration_estimate(history: History, stage: str, host: str, profile: str)
 # ---------------------------------------------------------------------------------------------------
 
 READY_PHASES = ("ready", "serving")  # a service is "done" for the DAG once its log says it is ready
+WHOLE_RUN = "__run__"  # the registry's phase row for a run whose log named no phases
 
 
 def _iso(ts: float | None) -> str | None:
@@ -551,57 +626,81 @@ def _progress_span(progress: dict | None, now: float) -> Span | None:
 
 def run_eta(run: dict, history: History, profile: str, now: float) -> dict | None:
     """ETA of a running run: the current phase (its bar, else its history minus the time it has
-    run) plus every later phase of the stage's template. None for runs that are not running."""
+    run) plus every later phase of the stage's template. None for runs that are not running.
+
+    Where the log names no phase, the current one is the template's first unfinished phase (for a
+    stage whose runs have no phases, WHOLE_RUN: the run itself)."""
     if run.get("state") != "running":
         return None
     stage, host = run.get("stage", ""), run.get("host", "")
     log = run.get("log_state") or {}
-    done = [p for p in log.get("phases") or [] if p.get("duration_s") is not None]
-    current = log.get("phase")
+    done = [p for p in log.get("phases") or [] if p.get("duration_s") is not None and p.get("name") != log.get("phase")]
+    done_names = {p["name"] for p in done}
     template = phase_template(history, stage, host, profile)
+    current = log.get("phase") or next((p for p in template if p not in done_names), None)
     started = _epoch(run.get("started_at"))
     run_elapsed = max(now - started, 0.0) if started is not None else None
+    # Time outside every phase (interpreter start, imports, teardown) shows only in whole-run
+    # durations: earlier runs' median of (duration - their phases), spent first.
+    same = history.same(stage, host, profile)
+    gaps = [max(r.duration_s - sum(p.duration_s for p in r.phases), 0.0) for r in same if r.phases]
+    overhead = statistics.median(gaps) if gaps else 0.0
+    log_phases = log.get("phases") or []
+    first_t0 = _epoch(log_phases[0].get("started_at")) if log_phases else None
+    if run_elapsed is None:
+        overhead_left = 0.0
+    elif not log_phases:
+        overhead_left = max(overhead - run_elapsed, 0.0)  # nothing has started yet
+    elif first_t0 is not None and started is not None:
+        overhead_left = max(overhead - (first_t0 - started), 0.0)
+    else:
+        overhead_left = 0.0
+    open_phase = next((p for p in log_phases if p.get("name") == current and p.get("duration_s") is None), {})
+    phase_t0 = _epoch(open_phase.get("started_at"))  # the tailer stamps a phase's start (live)
+    if phase_t0 is not None:
+        in_phase = max(now - phase_t0, 0.0)
+    elif not log_phases:
+        in_phase = max((run_elapsed or 0.0) - overhead, 0.0)
+    else:
+        in_phase = max(run_elapsed - sum(p["duration_s"] for p in done), 0.0) if run_elapsed is not None else 0.0
 
-    phases_out: list[dict] = [{"name": p["name"], "state": "done", "duration_s": p["duration_s"]}
-                              for p in done if p.get("name") != current]
-    total = ZERO
-    if current in READY_PHASES:
-        current_span: Span | None = ZERO
+    phases_out: list[dict] = [{"name": p["name"], "state": "done", "duration_s": p["duration_s"]} for p in done]
+    if current in READY_PHASES or (run.get("kind") == "service" and log.get("ready")):
+        current_span: Span | None = ZERO  # a service that is up: done, as far as the pipeline waits
     else:
         current_span = _progress_span(log.get("progress"), now)
-        if current_span is None and current:
-            hist = phase_estimate(history, stage, host, profile, current)
-            if hist is not None:
-                in_phase = None
-                if run_elapsed is not None:
-                    in_phase = max(run_elapsed - sum(p["duration_s"] for p in done if p.get("name") != current), 0.0)
-                left = lambda d: max(d - (in_phase or 0.0), 0.0)  # noqa: E731
-                # Already longer than any earlier run: at least a little more, and say so by the range.
-                current_span = Span(left(hist.eta_s), left(hist.low_s), max(left(hist.high_s), hist.eta_s * 0.1),
-                                    hist.source)
+        hist = phase_estimate(history, stage, host, profile, current) if current and current_span is None else None
+        if hist is not None:
+            left = lambda d: max(d - in_phase, 0.0)  # noqa: E731
+            # Already longer than any earlier run: a little more at least, and a range that says so.
+            current_span = Span(left(hist.eta_s), left(hist.low_s), max(left(hist.high_s), hist.eta_s * 0.1),
+                                hist.source)
+    if current is None and current_span is None:
+        current_span = Span(0.0, 0.0, 0.0, "none")  # no phase, no bar, no template: nothing known to wait for
     if current:
         entry: dict[str, Any] = {"name": current, "state": "running"}
         if current_span is not None:
             entry.update(_span_fields(current_span, now))
         phases_out.append(entry)
-    if current_span is None:
-        current_span = Span(0.0, 0.0, 0.0, "none") if not current else None
     unknown = current_span is None
-    if current_span is not None:
-        total = total + current_span
+    total = current_span or ZERO
 
-    # Later phases: those of the template after the current one (all of it if we don't know where we are).
-    seen_names = {p["name"] for p in done} | ({current} if current else set())
-    later = template[template.index(current) + 1:] if current in template else [p for p in template if p not in seen_names]
+    # Later phases: the template's after the current one (those not seen, if it is not in the template).
+    later = (template[template.index(current) + 1:] if current in template
+             else [p for p in template if p not in done_names and p != current])
     for name in later:
         span = phase_estimate(history, stage, host, profile, name)
         entry = {"name": name, "state": "pending"}
         if span is None:
             unknown = True
         else:
+            entry["expected_duration_s"] = round(span.eta_s, 3)
             entry.update(_span_fields(span, now, start=total))
             total = total + span
         phases_out.append(entry)
+    if overhead_left > 0 and not unknown:
+        total = total + Span(overhead_left, overhead_left / (1 + HISTORY_WIDEN), overhead_left * (1 + HISTORY_WIDEN),
+                             total.source)
     out: dict[str, Any] = {"phases": phases_out}
     if unknown:
         out.update({"eta_s": None, "eta_low_s": None, "eta_high_s": None, "finish_at": None,
@@ -689,7 +788,7 @@ def annotate(status: dict, history: dict | History | None, now: float) -> dict:
     """Add ETA fields to a `lab status --json` object (a new dict; existing fields are kept as they are).
 
     runs[*].eta, stages[*].eta and top-level `pipeline`; see docs/interfaces.md, "## ETA"."""
-    hist = history if isinstance(history, History) else History.from_dict(history)
+    hist = (history if isinstance(history, History) else History.from_dict(history)).with_status_runs(status)
     profile = status.get("profile", "")
     out = dict(status)
     runs = [dict(r) for r in status.get("runs", [])]
@@ -711,8 +810,8 @@ def annotate(status: dict, history: dict | History | None, now: float) -> dict:
                     "eta_high_s": None if m["high"] is None else round(max(m["high"] - now, 0.0), 3),
                     "finish_at": _iso(m["eta"]), "finish_low_at": _iso(m["low"]),
                     "finish_high_at": _iso(m["high"]), "source": m["source"]}
-        if m.get("start") is not None and m["state"] != "running":
-            s["eta"]["start_at"] = _iso(m["start"])
+        if m.get("start") is not None and m["state"] != "running" and m["eta"] is not None:
+            s["eta"]["start_at"] = _iso(m["start"])  # (no start time for a stage whose finish is unknown)
         if m.get("assumes_rerun"):
             s["eta"]["assumes_rerun"] = True
     out["stages"] = stages

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
 from .jobwrap import group_alive
+from .tail.run import run_state
 
 STALE_HEARTBEAT_S = 30.0
 
@@ -124,7 +125,8 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
         rec["state"] = "running"
     start, end = parse_iso(rec["started_at"]), parse_iso(rec["ended_at"])
     rec["duration_s"] = round((end or now) - start, 3) if start else None
-    rec["log_state"] = read_json(run_dir / "state.json")
+    # the tailer's state.json combined with the exit (a SIGKILL is host_oom_killed, exit 0 completed)
+    rec["log_state"] = run_state(run_dir)
     try:
         rec["log_size"] = (run_dir / "output.log").stat().st_size
     except OSError:

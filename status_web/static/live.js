@@ -29,7 +29,13 @@
       })
       .then(function (html) {
         if (!selecting() && live.innerHTML !== html) {
+          // keep the reader's place in the log: at the bottom it follows, elsewhere it stays
+          var log = document.getElementById("log"), top = log && log.scrollTop,
+              atEnd = log && log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
           live.innerHTML = html;
+          var log2 = document.getElementById("log");
+          if (log2 && log) log2.scrollTop = atEnd ? log2.scrollHeight : top;
+          else if (log2) log2.scrollTop = log2.scrollHeight;
           var gen = document.getElementById("generated-at");
           if (gen) lastText.textContent = gen.textContent;
         }
@@ -74,6 +80,8 @@
     lost = document.getElementById("conn-lost");
     lastText = document.getElementById("conn-last");
     if (!live) return;
+    var log = document.getElementById("log");
+    if (log) log.scrollTop = log.scrollHeight;  // a log opens at its end, as `tail` shows it
     setInterval(poll, POLL_MS);
     document.addEventListener("visibilitychange", poll);
     document.addEventListener("click", function (ev) {

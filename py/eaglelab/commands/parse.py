@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from ..tail.frames import SAMPLE_BYTES
 from ..tail.whole import parse_file
 
 
@@ -16,9 +17,11 @@ from ..tail.whole import parse_file
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the state JSON (schema 1).")
 @click.option("--history", is_flag=True, help="Include every bar's observation history (n, total, elapsed_s).")
-def parse_cmd(file: Path, as_json: bool, history: bool) -> None:
+@click.option("--every-frame", is_flag=True,
+              help="Read every \\r-frame of long frame runs (default: one per 256 KiB, and the last).")
+def parse_cmd(file: Path, as_json: bool, history: bool, every_frame: bool) -> None:
     """Parse a whole log FILE and print its final state: state, failure, progress, phases, metrics."""
-    state = parse_file(file, include_history=history)
+    state = parse_file(file, include_history=history, sample_bytes=0 if every_frame else SAMPLE_BYTES)
     if as_json:
         click.echo(json.dumps(state, sort_keys=False))
         return

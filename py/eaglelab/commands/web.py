@@ -6,6 +6,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 
 import click
 
@@ -23,9 +24,7 @@ from ..errors import ConfigError
 def web(ctx: click.Context, host: str | None, port: int | None, refresh_s: float, read_token: bool,
         access_log: bool) -> None:
     """Serve the status page, /api/status and /metrics (actions need the token in $EAGLELAB_TOKEN)."""
-    from werkzeug.serving import make_server
-
-    from status_web import create_app
+    from status_web import create_app, server as web_server
 
     lab = ctx.obj.lab
     wcfg = lab.cfg.lab.web
@@ -37,12 +36,9 @@ def web(ctx: click.Context, host: str | None, port: int | None, refresh_s: float
                           f"variable)")
     if not access_log:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    app = create_app(lab, token=token, read_token=read_token, refresh_s=refresh_s)
-    try:
-        server = make_server(host, port, app, threaded=True)
-    except OSError as e:
-        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another with --port "
-                          f"or lab.yaml web.port") from None
+    _check_port(host, port)  # before starting the refresher (werkzeug would exit with its own words)
+    app = create_app(lab, token=token, read_token=read_token, refresh_s=refresh_s, refresher="process")
+    server = web_server.make(app, host, port)
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"lab web: http://{shown}:{server.server_port}/ (profile {lab.cfg.profile}; actions "
                f"{'enabled' if token else f'disabled: no ${wcfg.token_env}'}"
@@ -62,6 +58,17 @@ def web(ctx: click.Context, host: str | None, port: int | None, refresh_s: float
     finally:
         app.extensions["eaglelab"].snapshot.stop()
         server.server_close()
+
+
+def _check_port(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another with --port "
+                              f"or lab.yaml web.port") from None
 
 
 def _loopback(host: str) -> bool:

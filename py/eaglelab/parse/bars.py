@@ -35,15 +35,29 @@ class BarTrack:
         return t is not None and self.latest.n >= t
 
 
-def estimate_eta_s(track: BarTrack) -> float | None:
-    """Seconds left for this bar: THE place where an ETA estimator plugs in.
+def estimate_eta(track: BarTrack) -> tuple[float | None, float | None, float | None]:
+    """(eta_s, eta_low_s, eta_high_s) for this bar: THE place where the ETA estimator plugs in.
 
-    For now tqdm's own printed remaining time (issue 4 replaces this with an estimate from the
-    whole history). Returns None when unknown.
+    eaglelab.eta over the bar's whole history, its own elapsed time as the clock (issue 4); where
+    that gives nothing (no elapsed field, no rate yet), tqdm's printed remaining time, no range.
     """
+    from ..eta import estimate_bar  # here: eta is a consumer of this package, not a dependency of it
+
     if track.finished:
-        return 0.0
-    return track.latest.remaining_s
+        return 0.0, 0.0, 0.0
+    points = [(e, n) for n, _, e in track.history if e is not None]
+    if points and points[0][1] == 1 and points[0][0] > 0:
+        points.insert(0, (0.0, 0))  # tqdm's elapsed starts at 0 with n = 0
+    est = estimate_bar(points, track.latest.total, resolution=1.0,
+                       rate_hint_s_per_item=track.latest.rate_s_per_it)
+    if est is None:
+        return track.latest.remaining_s, None, None
+    return est.eta_s, est.eta_low_s, est.eta_high_s
+
+
+def estimate_eta_s(track: BarTrack) -> float | None:
+    """Seconds left for this bar (see estimate_eta)."""
+    return estimate_eta(track)[0]
 
 
 class BarBook:

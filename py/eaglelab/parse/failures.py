@@ -31,7 +31,7 @@ _REASONS: list[tuple[str, re.Pattern[str]]] = [
     ("timeout", re.compile(r"\bTimeoutError\b|\b(?:Read|Connect|Pool)Timeout\b|TimeoutExpired|DeadlineExceeded|timed out")),
     ("other", re.compile(
         r"Segmentation fault|core dumped|Fatal Python error|Bus error|Floating point exception|Illegal instruction"
-        r"|^jobwrap: cannot start|CUDA error: |Aborted\s*$")),
+        r"|^jobwrap: cannot start|Aborted\s*$")),
 ]
 # Words one of the reasons above needs: a line with none of them is skipped at once.
 _GATE = re.compile(

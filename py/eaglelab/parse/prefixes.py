@@ -19,11 +19,15 @@ _PAREN = r"\((?:[A-Za-z_][\w.:-]*\s+)?[A-Za-z_]\w*=[^()\s,]*(?:,?\s*[A-Za-z_]\w*
 _RANK = r"\[(?:rank|default|local_rank)\d+\]:\s?"
 _MPI = r"\[\d+,\d+\]<std(?:out|err)>:\s?"
 _SRUN = r"\d{1,4}: "
-_ONE_RE = re.compile(f"(?:(?P<ts>{_DOCKER_TS})|(?P<proc>{_PAREN}|{_RANK}|{_MPI}|{_SRUN}))")
-_FIRST = frozenset("([0123456789")
+# One regex per first character: most lines are rejected or matched by a single small pattern.
+_BY_FIRST = {"(": re.compile(f"(?P<proc>{_PAREN})"), "[": re.compile(f"(?P<proc>{_RANK}|{_MPI})")}
+_DIGIT_RE = re.compile(f"(?:(?P<ts>{_DOCKER_TS})|(?P<proc>{_SRUN}))")
+for _d in "0123456789":
+    _BY_FIRST[_d] = _DIGIT_RE
+_FIRST = frozenset(_BY_FIRST)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built for every line, and frozen init is slow
 class Split:
     prefix: str          # process prefixes joined by one space, '' if none
     message: str         # the line without them
@@ -38,10 +42,10 @@ def split_prefix(line: str) -> Split:
     ts = None
     pos = 0
     for _ in range(6):  # bounded: prefixes stack a few deep at most
-        m = _ONE_RE.match(line, pos)
+        m = _BY_FIRST[line[pos]].match(line, pos)
         if m is None:
             break
-        if m.group("ts"):
+        if m.lastgroup == "ts":
             ts = ts or m.group("ts").strip()
         else:
             procs.append(m.group("proc").strip())

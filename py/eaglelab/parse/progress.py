@@ -62,6 +62,8 @@ def parse_time(text: str | None) -> float | None:
     """`MM:SS`, `H:MM:SS` or `d days, H:MM:SS` as seconds; `?` or None -> None."""
     if not text or text == "?":
         return None
+    if len(text) == 5 and text[2] == ":":  # MM:SS, nearly every frame
+        return float(int(text[:2]) * 60 + int(text[3:]))
     days = 0
     if "day" in text:
         d, _, text = text.partition(",")
@@ -74,6 +76,8 @@ def parse_time(text: str | None) -> float | None:
 
 
 def _number(text: str) -> int | float:
+    if text.isdigit():
+        return int(text)
     m = _NUM_RE.match(text)
     if m is None:  # pragma: no cover - the bar regex only lets numbers through
         raise ValueError(text)

@@ -31,7 +31,7 @@ _RICH_SRC_RE = re.compile(r"\s{2,}[\w.-]+\.py:\d+\s*$")
 _GLOG_RE = re.compile(r"\[?(?P<lv>[DIWEF])(?P<md>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d)\.\d+ (?:\d+ )?[^\]\s]+\] ?")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built for every line, and frozen init is slow
 class Record:
     level: str | None       # one of LEVELS, or None for a raw print / traceback line
     message: str            # the text without the header
@@ -91,28 +91,45 @@ class LogClock:
 
     def __init__(self) -> None:
         self.year = 2000
-        self.day: _dt.date | None = None
+        self.day: float | None = None   # seconds at 00:00 of the current day
+        self._days: dict[str, float] = {}
         self.last: float | None = None
+        self._key: tuple[str | None, str | None] | None = None
 
     def seconds(self, rec: Record) -> float | None:
         if rec.time is None:
             return None
+        key = (rec.date, rec.time)
+        if key == self._key:
+            return self.last  # the same second as the line before: most lines of a busy log
+        self._key = key
+        t = rec.time
         try:
+            tod = int(t[0:2]) * 3600 + int(t[3:5]) * 60 + int(t[6:8])
             if rec.date is not None:
-                if len(rec.date) == 10:
-                    day = _dt.date.fromisoformat(rec.date)
-                    self.year = day.year
-                else:
-                    day = _dt.date(self.year, int(rec.date[:2]), int(rec.date[3:5]))
+                day = self._day_epoch(rec.date)
             else:
-                day = self.day or _dt.date(self.year, 1, 1)
-            h, m, s = (int(x) for x in rec.time.split(":"))
-            t = _dt.datetime(day.year, day.month, day.day, tzinfo=_dt.timezone.utc).timestamp() + h * 3600 + m * 60 + s
+                day = self.day if self.day is not None else self._day_epoch(f"{self.year}-01-01")
         except ValueError:
             return None  # a header with an impossible date: no time for this line
-        if rec.date is None and self.last is not None and t < self.last - 12 * 3600:
-            t += 86400
-            day = day + _dt.timedelta(days=1)
+        total = day + tod
+        if rec.date is None and self.last is not None and total < self.last - 12 * 3600:
+            day += 86400  # a time of day that went backwards: the next day
+            total += 86400
         self.day = day
-        self.last = t
-        return t
+        self.last = total
+        return total
+
+    def _day_epoch(self, date: str) -> float:
+        """Seconds at 00:00 UTC of 'YYYY-MM-DD' or 'MM-DD' (in self.year), cached."""
+        if len(date) == 10:
+            self.year = int(date[:4])
+        else:
+            date = f"{self.year}-{date}"
+        got = self._days.get(date)
+        if got is None:
+            if len(self._days) > 4096:
+                self._days.clear()
+            d = _dt.date.fromisoformat(date)
+            got = self._days[date] = _dt.datetime(d.year, d.month, d.day, tzinfo=_dt.timezone.utc).timestamp()
+        return got

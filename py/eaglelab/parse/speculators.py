@@ -18,9 +18,6 @@ import re
 from .events import END, Event, metric, num, phase_end, phase_start
 
 _EPOCH_RE = re.compile(r"(?P<kind>Training|Validation) epoch (?P<e>\d+)/(?P<n>\d+) (?P<what>started|completed)")
-_KV_RE = re.compile(r"([A-Za-z_][\w./-]*)=([-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))(?=,|\s|$)")
-# Only k=v pairs, joined by ', ' (speculators) or spaces (most other trainers); at least two of them.
-_METRIC_LINE_RE = re.compile(r"^\s*[A-Za-z_][\w./-]*=[^,\s]+(?:(?:,\s*|\s+)[A-Za-z_][\w./-]*=[^,\s]+)+\s*$")
 _PROCESSING_RE = re.compile(r"^Processing (?P<n>\d+) samples")
 _FOUND_RE = re.compile(r"^Found (?P<n>\d+) existing samples")
 _TIMING_RE = re.compile(r"^Timing: (?P<el>[\d.]+)s elapsed, (?P<sps>[\d.]+) samples/s")
@@ -28,16 +25,21 @@ _SAVED_RE = re.compile(r"^Saved (?P<n>\d+) new data points")
 _SKIPPED_RE = re.compile(r"Skipped (?P<n>\d+) samples due to errors")
 _PIPELINE_RE = re.compile(r"Pipeline complete in (?P<s>[\d.]+)s: (?P<n>\d+) conversations \((?P<ok>\d+) ok, (?P<err>\d+) errors")
 _COUNTERS = ("global_step", "step", "epoch")
+# A metric line names something a trainer measures; `world_size=1, rank=0` (vLLM's setup) does not.
+_METRIC_KEY_RE = re.compile(r"/|loss|acc|lr$|grad_norm|perplexity|tokens_per_s")
 
 _GATE = ("=", "epoch", "heckpoint", "Processing", "Found", "Timing", "Saved", "Skipped", "complete", "Preparing",
          "preparing", "Writing dataset", "EAGLE Offline")
+_GATE_RE = re.compile("|".join(re.escape(g) for g in _GATE))
 
 
 def recognize(msg: str) -> list[Event]:
-    if not any(g in msg for g in _GATE):
+    if _GATE_RE.search(msg) is None:
         return []
-    if "=" in msg and _METRIC_LINE_RE.match(msg):
-        return _metric_line(msg)
+    if "=" in msg:
+        events = _metric_line(msg)
+        if events is not None:
+            return events
     m = _EPOCH_RE.search(msg)
     if m:
         name = "training" if m.group("kind") == "Training" else "validation"
@@ -87,19 +89,25 @@ def recognize(msg: str) -> list[Event]:
     return []
 
 
-# A metric line names something a trainer measures; `world_size=1, rank=0` (vLLM's setup) does not.
-_METRIC_KEY_RE = re.compile(r"/|loss|acc|lr$|grad_norm|perplexity|tokens_per_s")
-
-
-def _metric_line(msg: str) -> list[Event]:
-    pairs = {k: v for k, v in _KV_RE.findall(msg)}
-    if not pairs or not any(_METRIC_KEY_RE.search(k) for k in pairs):
-        return []
-    step_key = "global_step" if "global_step" in pairs else "step" if "step" in pairs else None
-    step = num(pairs[step_key]) if step_key else None
+def _metric_line(msg: str) -> list[Event] | None:
+    """Events for a line made only of k=v pairs (', ' or spaces between), None for any other line."""
+    pairs: dict[str, float] = {}
+    for item in msg.replace(",", " ").split():
+        k, eq, v = item.partition("=")
+        if not eq or not k or not (k[0].isalpha() or k[0] == "_"):
+            return None
+        try:
+            pairs[k] = float(v)
+        except ValueError:
+            if v[:1] in ("'", '"'):
+                continue  # a string value (speculators prints them with repr)
+            return None
+    if len(pairs) < 2 or not any(_METRIC_KEY_RE.search(k) for k in pairs):
+        return None
+    step = pairs.get("global_step", pairs.get("step"))
     if step is None and "epoch" in pairs and any(k.startswith("val/") for k in pairs):
-        step = num(pairs["epoch"])
-    return [metric(k, float(v), step) for k, v in pairs.items() if k not in _COUNTERS]
+        step = pairs["epoch"]
+    return [metric(k, v, step) for k, v in pairs.items() if k not in _COUNTERS]
 
 
 BAR_PHASES = {"Generating responses": "generating"}

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import signal as _signal
 
+from ..fsutil import utcnow_iso
 from . import markers, speculators, vllm
 from .ansi import strip_ansi
-from .bars import BarBook, BarTrack, estimate_eta_s
+from .bars import BarBook, BarTrack, estimate_eta
 from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, Event
 from .failures import Candidate, FailureRecognizer
 from .prefixes import split_prefix
@@ -27,6 +28,7 @@ MAX_POINTS = 1000  # per metric; past it every other point goes (the curve keeps
 FAILURE_GRACE_S = 30.0  # live: a failure line with no exit yet is only "suspected" this long
 _RECOGNIZERS = (markers.recognize, vllm.recognize, speculators.recognize)
 _BAR_PHASES = {**vllm.BAR_PHASES, **speculators.BAR_PHASES}
+_MOVING = frozenset((METRIC, PHASE_START, PHASE_END, READY))
 
 
 class LogState:
@@ -89,8 +91,8 @@ class LogState:
             return
         split = split_prefix(strip_ansi(text))
         prefix, msg = split.prefix, split.message
-        if msg.strip():
-            self.last_line, self.last_line_no = msg.strip()[:500], lineno
+        if msg and not msg.isspace():
+            self.last_line, self.last_line_no = msg, lineno
         if msg.endswith("]"):
             p = parse_bar(msg, prefix)
             if p is not None:
@@ -111,8 +113,17 @@ class LogState:
             events = recognize(rec.message)
             if events:
                 break
-        for ev in events:
-            self._on_event(ev, prefix, lineno, now)
+        if events:
+            moved = False  # a metric, a phase, readiness: the process shows it goes on
+            for ev in events:
+                if ev.kind == METRIC:  # most events of a training log: kept short
+                    self._add_metric(ev.name, float(ev.value), ev.step)
+                    moved = True
+                else:
+                    self._on_event(ev, prefix, lineno, now)
+                    moved = moved or ev.kind in _MOVING
+            if moved:
+                self._activity(prefix, now)
         cand = self._failures.feed(prefix, rec.level, rec.message, lineno)
         if cand is not None:
             self._add_candidate(cand, now)
@@ -129,17 +140,13 @@ class LogState:
         kind = ev.kind
         if kind == METRIC:
             self._add_metric(ev.name, float(ev.value), ev.step)
-            self._activity(prefix, now)
         elif kind == PHASE_START:
             self._start_phase(ev.name, ev.detail, lineno, now)
-            self._activity(prefix, now)
         elif kind == PHASE_END:
             self._end_phase(ev.name, lineno, now, ev.value)
-            self._activity(prefix, now)
         elif kind == READY:
             self.ready_line = lineno
             self._dismiss(None)
-            self._activity(prefix, now)
         elif kind == END:
             if ev.name == "done":
                 self.done_line, self.done_message = lineno, ev.message
@@ -162,7 +169,6 @@ class LogState:
         if detail:
             ph["detail"] = detail
         if now is not None:
-            from ..fsutil import utcnow_iso
             ph["started_at"] = utcnow_iso(now)
         self.phases.append(ph)
         if len(self.phases) > MAX_PHASES:
@@ -187,11 +193,10 @@ class LogState:
         ph["ended_line"] = lineno
         ph["duration_s"] = None if duration is None else round(float(duration), 3)
         if now is not None:
-            from ..fsutil import utcnow_iso
             ph["ended_at"] = utcnow_iso(now)
         self._open = None
 
-    def _add_metric(self, name: str, value: float, step: float | None) -> None:
+    def _add_metric(self, name: str, value: float, step: float | int | None) -> None:
         series = self.metrics.get(name)
         if series is None:
             if len(self.metrics) >= MAX_METRICS:
@@ -199,8 +204,12 @@ class LogState:
             series = self.metrics[name] = []
         index = self._metric_count.get(name, 0)
         self._metric_count[name] = index + 1
-        x = step if step is not None else index
-        series.append([int(x) if float(x).is_integer() else x, value])
+        if step is None:
+            x = index
+        else:
+            x = float(step)
+            x = int(x) if x.is_integer() else x
+        series.append([x, value])
         if len(series) > MAX_POINTS:
             self.metrics[name] = series[::2]
 
@@ -276,7 +285,7 @@ class LogState:
             "frames": self.frames,
             "ready": self.ready_line is not None,
             "end_marker": self.done_message or None,
-            "last_line": self.last_line or None,
+            "last_line": self.last_line.strip()[:500] or None,
             "stall": None if stall is None else {"reason": stall.reason, "message": stall.message, "idle_s": stall.idle_s},
             "failures_survived": self.dismissed,
             "progress_bars": [_bar_summary(t, include_history) for t in self.bars.bars.values()],
@@ -296,9 +305,11 @@ def _failure_json(c: Candidate | None) -> dict | None:
 
 def _progress_json(t: BarTrack) -> dict:
     p = t.latest
+    eta_s, eta_low_s, eta_high_s = estimate_eta(t)
     return {"label": p.label, "prefix": p.prefix or None, "n": p.n, "total": p.total, "unit": p.unit,
             "percent": p.percent, "rate_s_per_it": p.rate_s_per_it, "elapsed_s": p.elapsed_s,
-            "eta_s": estimate_eta_s(t), "tqdm_remaining_s": p.remaining_s, "postfix": p.postfix,
+            "eta_s": eta_s, "eta_low_s": eta_low_s, "eta_high_s": eta_high_s,
+            "observed_at": _iso(t.updated_at), "tqdm_remaining_s": p.remaining_s, "postfix": p.postfix,
             "line": t.last_line, "history": _rate_history(t)}
 
 
@@ -313,6 +324,13 @@ def _rate_history(t: BarTrack) -> list[list[float]]:
         return pts
     step = (len(pts) - 1) / (PROGRESS_HISTORY_POINTS - 1)
     return [pts[round(i * step)] for i in range(PROGRESS_HISTORY_POINTS)]
+
+
+def _iso(ts: float | None) -> str | None:
+    """The live clock time of the bar's last advance (annotate counts the time since it)."""
+    from ..fsutil import utcnow_iso
+
+    return None if ts is None else utcnow_iso(ts)
 
 
 def _bar_summary(t: BarTrack, include_history: bool) -> dict:

@@ -22,19 +22,21 @@ _MODEL_LOADING_RE = re.compile(r"Model loading took [\d.]+ Gi?B(?: memory)? and 
 _COMPILE_DONE_RE = re.compile(r"torch\.compile takes (?P<s>[\d.]+) s in total")
 _GRAPH_DONE_RE = re.compile(r"Graph capturing finished in (?P<s>[\d.]+) sec")
 _INIT_DONE_RE = re.compile(r"init engine \(.*\) took (?P<s>[\d.]+) s")
-_STATS_RE = re.compile(
-    r"Avg prompt throughput: (?P<p>[\d.]+) tokens/s, Avg generation throughput: (?P<g>[\d.]+) tokens/s"
-    r"(?:.*?Running: (?P<r>\d+) reqs)?(?:.*?(?:Waiting|Pending): (?P<w>\d+) reqs)?(?:.*?KV cache usage: (?P<kv>[\d.]+)%)?")
+_STATS_RE = re.compile(r"Avg prompt throughput: (?P<p>[\d.]+) tokens/s, Avg generation throughput: (?P<g>[\d.]+) tokens/s")
+_RUNNING_RE = re.compile(r"Running: (\d+) reqs")
+_WAITING_RE = re.compile(r"(?:Waiting|Pending): (\d+) reqs")
+_KV_RE = re.compile(r"KV cache usage: ([\d.]+)%")
 _SPEC_RE = re.compile(r"Mean acceptance length: (?P<len>[\d.]+)(?:.*?Avg Draft acceptance rate: (?P<rate>[\d.]+)%)?")
 _SPEC_OLD_RE = re.compile(r"Draft acceptance rate: (?P<rate>[\d.]+)")
 
 # Cheap gate: a line without any of these words cannot be a vLLM lifecycle line.
 _GATE = ("took", "takes", "load", "Load", "Application", "Capturing", "capturing", "throughput", "acceptance",
          "Shutting", "KV cache", "Dynamo", "Starting", "Started")
+_GATE_RE = re.compile("|".join(re.escape(g) for g in _GATE))
 
 
 def recognize(msg: str) -> list[Event]:
-    if not any(g in msg for g in _GATE):
+    if _GATE_RE.search(msg) is None:
         return []
     if "Application startup complete" in msg:
         return [phase_start("serving"), Event(READY)]
@@ -42,18 +44,20 @@ def recognize(msg: str) -> list[Event]:
         return [phase_end("shutdown"), Event(END, "shutdown", message=msg.strip())]
     if msg.startswith("Shutting down") or "Shutting down FastAPI" in msg:
         return [phase_start("shutdown")]
-    m = _STATS_RE.search(msg)
+    m = _STATS_RE.search(msg) if "throughput:" in msg else None
     if m:
-        out = [metric("vllm/prompt_tokens_per_s", float(m.group("p"))),
-               metric("vllm/gen_tokens_per_s", float(m.group("g")))]
-        running = m.group("r")
+        rest = msg[m.end():]
+        prompt, gen = float(m.group("p")), float(m.group("g"))
+        out = [metric("vllm/prompt_tokens_per_s", prompt), metric("vllm/gen_tokens_per_s", gen)]
+        r, w, kv = _RUNNING_RE.search(rest), _WAITING_RE.search(rest), _KV_RE.search(rest)
+        running = int(r.group(1)) if r else None
         if running is not None:
             out.append(metric("vllm/running_reqs", float(running)))
-        if m.group("w") is not None:
-            out.append(metric("vllm/waiting_reqs", float(m.group("w"))))
-        if m.group("kv") is not None:
-            out.append(metric("vllm/kv_cache_usage_pct", float(m.group("kv"))))
-        stuck = running is not None and int(running) > 0 and float(m.group("p")) == 0 and float(m.group("g")) == 0
+        if w:
+            out.append(metric("vllm/waiting_reqs", float(w.group(1))))
+        if kv:
+            out.append(metric("vllm/kv_cache_usage_pct", float(kv.group(1))))
+        stuck = running is not None and running > 0 and prompt == 0 and gen == 0
         out.append(Event("stall_hint", value=stuck, message=msg.strip()))
         return out
     if "acceptance" in msg:

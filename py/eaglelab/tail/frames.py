@@ -6,10 +6,11 @@
 - Memory is bounded: a line or frame longer than max_line bytes is cut to its first max_line
   bytes and counted as bad; the rest of it is skipped without being kept.
 - Invalid UTF-8 is decoded with replacement characters and the line counted as bad.
-- Frame runs (tqdm redrawing one bar thousands of times without a newline) are decimated within
-  one chunk: all frames of a short run, else `sample` evenly spaced ones plus the last. Live
-  tailing reads small chunks, so it sees nearly every frame; a bulk read of a GB log does not
-  need to (the bar's history is bounded anyway).
+- Frame runs (tqdm redrawing one bar thousands of times without a newline) are decimated: all
+  frames of a short run, else one frame per sample_bytes of the stream (a line's last frame is
+  its visible text and always seen). Live tailing reads small
+  chunks, so it sees every frame; a bulk read of a GB log does not need to (the bar's history is
+  bounded anyway). sample_bytes=0 hands over every frame (a replay that wants them all).
 """
 
 from __future__ import annotations
@@ -20,27 +21,31 @@ from collections.abc import Callable
 LineSink = Callable[[str, int], None]   # (text, lineno)
 
 MAX_LINE = 64 * 1024
+SAMPLE_BYTES = 256 * 1024 # in a long run of frames, look at one frame per this many bytes (+ the last)
+SMALL_RUN = 4096          # a run of frames up to this size is handed over whole
 # How a tqdm frame ends: `[elapsed<remaining, rate, postfix]` or `[elapsed, rate]`.
 _FRAME_END_RE = re.compile(rb"\[(?:\d+ days?, )?\d+(?::\d\d){1,2}(?:<[^\]]*)?(?:,[^\]]*)?\]$")
-SAMPLE = 8
 
 
 class FrameSplitter:
-    def __init__(self, on_line: LineSink, on_frame: LineSink, max_line: int = MAX_LINE, sample: int = SAMPLE,
-                 on_provisional: LineSink | None = None) -> None:
+    def __init__(self, on_line: LineSink, on_frame: LineSink, max_line: int = MAX_LINE,
+                 sample_bytes: int = SAMPLE_BYTES, on_provisional: LineSink | None = None) -> None:
         self.on_line = on_line
         self.on_frame = on_frame
+        self.sample_bytes = sample_bytes  # 0: every frame (e.g. to replay a whole bar history)
         # Live tailing only: the newest tqdm frame, before its terminator comes (it is delivered
         # again, as usual, once terminated). tqdm writes '\r' + frame, so for a slow bar the
         # terminator comes minutes later, with the next frame.
         self.on_provisional = on_provisional
         self.max_line = max_line
-        self.sample = sample
         self.lines = 0           # complete lines so far
         self.bad = 0             # lines/frames cut for length or with invalid UTF-8
         self._partial = b""      # bytes after the last terminator (at most max_line)
         self._skipping = False   # inside an over-long line/frame whose head was handed over
         self._held: bytes | None = None  # the partial frame last handed to on_provisional
+        self._fed = 0            # bytes fed so far (stream offset)
+        self._base = 0           # stream offset of the buffer being worked on
+        self._due = 0            # stream offset from which the next sampled frame is taken
 
     def reset(self) -> None:
         """The file was truncated or replaced: forget the partial line (counters go on)."""
@@ -51,83 +56,143 @@ class FrameSplitter:
     def feed(self, data: bytes) -> None:
         if not data:
             return
+        fed = self._fed
+        self._fed += len(data)
+        a = 0
         if self._skipping:
-            cut = _first_terminator(data)
-            if cut < 0:
+            a = _first_terminator(data, 0, len(data))
+            if a < 0:
                 return
             self._skipping = False
-            data = data[cut:]
-        buf = self._partial + data if self._partial else data
-        last_nl = buf.rfind(b"\n")
-        if last_nl >= 0:
-            for line in buf[:last_nl].split(b"\n"):
-                self.lines += 1
-                self._line(line)
-            buf = buf[last_nl + 1:]
-        self._tail(buf)
+        if self._partial:
+            buf = self._partial + (data[a:] if a else data)
+            self._base, a = fed + a - len(self._partial), 0
+        else:
+            buf, self._base = data, fed
+        self._work(buf, a, len(buf))
+
+    def feed_file(self, f, chunk: int = 1 << 20) -> None:
+        """Feed a whole binary file object through one reused buffer: no allocation per read."""
+        buf = bytearray(chunk + self.max_line + 1)
+        view = memoryview(buf)
+        while True:
+            p = len(self._partial)
+            if p:
+                buf[:p] = self._partial
+            n = f.readinto(view[p:p + chunk])
+            if not n:
+                return
+            fed = self._fed
+            self._fed += n
+            a = 0
+            if self._skipping:  # then p == 0
+                a = _first_terminator(buf, 0, n)
+                if a < 0:
+                    continue
+                self._skipping = False
+            self._base = fed - p
+            self._work(buf, a, p + n)
+
+    # Work on offsets into buf: a tqdm "line" is often megabytes of frames, never copied whole.
+    def _work(self, buf, a: int, end: int) -> None:
+        find = buf.find
+        while True:
+            nl = find(b"\n", a, end)
+            if nl < 0:
+                break
+            self.lines += 1
+            self._line(buf, a, nl)
+            a = nl + 1
+        self._tail(buf, a, end)
 
     def flush(self) -> None:
         """At EOF with the writer gone: the partial last line counts as a line."""
         if self._partial or self._skipping:
             self.lines += 1
-            self._line(self._partial)
+            self._line(self._partial, 0, len(self._partial))
             self._partial = b""
             self._skipping = False
         self._held = None
 
-    # A complete line (without its \n): frames then the visible text.
-    def _line(self, line: bytes) -> None:
-        if line.endswith(b"\r"):
-            line = line[:-1]  # CRLF, or a bar's last frame then newline
-        if b"\r" in line:
-            frames = line.split(b"\r")
-            visible = frames.pop()
-            while not visible and frames:
-                visible = frames.pop()
-            self._frames(frames, self.lines)
-            line = visible
-        if len(line) > self.max_line:
-            line = line[: self.max_line]
+    # A complete line buf[a:b] (without its \n): frames, then the visible text.
+    def _line(self, buf: bytes, a: int, b: int) -> None:
+        if b > a and buf[b - 1] == 13:
+            b -= 1  # CRLF, or a bar's last frame then newline
+        cut = buf.rfind(b"\r", a, b)
+        if cut >= 0:
+            end = b
+            while cut + 1 == end and cut > a:  # `frame\r\r\n`: the last non-empty frame is what shows
+                end = cut
+                cut = buf.rfind(b"\r", a, end)
+            if cut > a:
+                self._frames(buf, a, cut, self.lines)
+            a, b = (cut + 1, end) if cut >= 0 else (a, end)
+        if b - a > self.max_line:
+            b = a + self.max_line
             self.bad += 1
-        self.on_line(self._decode(line), self.lines)
+        self.on_line(self._decode(buf[a:b]), self.lines)
 
-    # Bytes after the last newline: complete \r-frames now, the rest waits.
-    def _tail(self, buf: bytes) -> None:
+    # Bytes buf[a:] after the last newline: complete \r-frames now, the rest waits.
+    def _tail(self, buf, a: int, total: int) -> None:
         # A trailing \r may be half of a \r\n: the frame before it waits for the next byte.
-        end = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
-        start = buf.rfind(b"\r", 0, end) + 1
-        if start > 0:
-            self._frames(buf[: start - 1].split(b"\r"), self.lines + 1)
-        buf = buf[start:]
-        if len(buf) > self.max_line:
+        end = total - 1 if total > a and buf[total - 1] == 13 else total
+        start = max(a, buf.rfind(b"\r", a, end) + 1)
+        if start > a:
+            self._frames(buf, a, start - 1, self.lines + 1)
+        if total - start > self.max_line:
             self.bad += 1
             # Hand over the head now and skip the rest up to the next terminator: memory stays bounded.
-            self.on_frame(self._decode(buf[: self.max_line]), self.lines + 1)
+            self.on_frame(self._decode(buf[start:start + self.max_line]), self.lines + 1)
             self._partial = b""
             self._skipping = True
             self._held = None
             return
-        self._partial = buf
+        self._partial = bytes(buf[start:total])
         if self.on_provisional is not None:
-            core = buf.rstrip(b"\r ")
+            core = self._partial.rstrip(b"\r ")
             if core.endswith(b"]") and core != self._held and _FRAME_END_RE.search(core[-400:]):
                 self._held = core
                 self.on_provisional(core.decode("utf-8", "replace"), self.lines + 1)
 
-    def _frames(self, frames: list[bytes], lineno: int) -> None:
-        frames = [f for f in frames if f]
-        if len(frames) > 2 * self.sample:
-            step = len(frames) / self.sample
-            picked = [frames[int(i * step)] for i in range(self.sample)]
-            picked.append(frames[-1])
-            frames = picked
-        for f in frames:
+    def _frames(self, buf: bytes, a: int, end: int, lineno: int) -> None:
+        """The \\r-separated frames in buf[a:end]; a long run is sampled: one frame per sample_bytes.
+
+        Sampling finds frames with find/rfind instead of splitting the run: a run is often
+        megabytes of one bar redrawn, and only a few of its frames say anything new.
+        """
+        while a < end and buf[a] == 13:  # tqdm starts every frame with \r
+            a += 1
+        step = self.sample_bytes
+        if not step or end - a <= SMALL_RUN:
+            picked = buf[a:end].split(b"\r")
+        else:
+            # One frame per `step` bytes of the stream, wherever chunks and lines begin and end.
+            # A run's last frame needs no special care: it is the line's visible text (or the
+            # partial line, at EOF).
+            picked = []
+            pos, base = a, self._base
+            while pos < end:
+                due = self._due - base
+                if due > pos:
+                    f0 = buf.find(b"\r", due - 1, end)
+                    if f0 < 0:
+                        break
+                    pos = f0 + 1
+                f1 = buf.find(b"\r", pos, end)
+                picked.append(buf[pos:f1 if f1 >= 0 else end])
+                self._due = base + pos + step
+                if f1 < 0:
+                    break
+                pos = f1 + 1
+        for f in picked:
+            if not f:
+                continue
             if len(f) > self.max_line:
                 f = f[: self.max_line]
                 self.bad += 1
             self.on_frame(self._decode(f), lineno)
 
-    def _decode(self, b: bytes) -> str:
+    def _decode(self, b) -> str:
         try:
             return b.decode("utf-8")
         except UnicodeDecodeError:
@@ -135,8 +200,8 @@ class FrameSplitter:
             return b.decode("utf-8", "replace")
 
 
-def _first_terminator(data: bytes) -> int:
-    a, b = data.find(b"\n"), data.find(b"\r")
+def _first_terminator(data, start: int, end: int) -> int:
+    a, b = data.find(b"\n", start, end), data.find(b"\r", start, end)
     if a < 0:
         return b
     if b < 0:

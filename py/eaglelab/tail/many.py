@@ -6,12 +6,28 @@ import threading
 from pathlib import Path
 
 from ..errors import EaglelabError
-from .run import IDLE_WRITE_S, POLL_S, RunFollower
+from ..fsutil import read_json
+from .run import IDLE_WRITE_S, POLL_S, RunFollower, run_state, write_state
 from .watch import DirWatch
 
 
 def is_run_dir(d: Path) -> bool:
     return (d / "output.log").exists() or (d / "meta.json").exists()
+
+
+def _settled(run: Path) -> bool:
+    """An ended run whose state.json already covers its whole log: combine it with exit.json, no re-read."""
+    try:
+        if not (run / "exit.json").exists() or (run / "state.json").stat().st_mtime < (run / "output.log").stat().st_mtime:
+            return False
+    except FileNotFoundError:
+        return False
+    state = read_json(run / "state.json")
+    if not state or not state.get("final"):
+        return False
+    if "exit" not in state:
+        write_state(run / "state.json", run_state(run))
+    return True
 
 
 def _runs_under(d: Path) -> list[Path]:
@@ -36,6 +52,9 @@ def watch_runs(dirs: list[Path], stop: threading.Event, once: bool = False) -> i
         for d in dirs:
             for run in _runs_under(d):
                 if run not in followers and run not in ended:
+                    if _settled(run):
+                        ended.add(run)
+                        continue
                     followers[run] = RunFollower(run)
                     if watch is not None and run not in watched:
                         watch.add(run, changed)

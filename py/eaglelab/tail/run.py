@@ -8,29 +8,57 @@ nothing arrives (so a stall shows without new lines).
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import statistics
 import threading
 import time
 from pathlib import Path
 
-from ..fsutil import atomic_write_json, parse_iso, read_json
+from ..fsutil import atomic_write_bytes, read_json, utcnow_iso
 from ..parse.state import LogState, combine_with_exit
 from .follower import FileFollower
 from .frames import FrameSplitter
 
 MIN_WRITE_S = 0.05
+WRITE_DUTY = 10.0       # wait at least this many times the last write's cost before the next
 IDLE_WRITE_S = 5.0
 POLL_S = 1.0            # read the file at least this often even without a watchdog event
 HEARTBEAT_FRESH_S = 15.0
 
 
+def earlier_phase_durations(run_dir: Path, limit: int = 10) -> dict[str, float]:
+    """Median duration of each phase in the latest `limit` earlier runs of the same stage.
+
+    Runs of a stage are sibling directories named `<stage>-<time>-<hex>` (docs/interfaces.md);
+    their state.json lists phases with durations. Used to call a phase that runs far longer than
+    it used to stalled.
+    """
+    run_dir = Path(run_dir)
+    stage = (read_json(run_dir / "meta.json") or {}).get("stage") or run_dir.name.rsplit("-", 2)[0]
+    own = re.compile(re.escape(stage) + r"-\d{8}T\d{6}-[0-9a-f]+")  # not `serve-x-…` for stage `serve`
+    try:
+        siblings = sorted((p for p in run_dir.parent.glob(f"{stage}-*")
+                           if p != run_dir and own.fullmatch(p.name) and p.is_dir()), key=lambda p: p.name)[-limit:]
+    except OSError:
+        return {}
+    seen: dict[str, list[float]] = {}
+    for sib in siblings:
+        st = read_json(sib / "state.json") or {}
+        for ph in st.get("phases") or []:
+            if isinstance(ph, dict) and isinstance(ph.get("duration_s"), (int, float)) and ph.get("name"):
+                seen.setdefault(ph["name"], []).append(float(ph["duration_s"]))
+    return {name: statistics.median(v) for name, v in seen.items() if v}
+
+
 class RunFollower:
-    """The parser and the file reader of one run; step() does one read-and-maybe-write."""
+    """The parser and the file reader of one run; read() takes in what was appended, write() the state."""
 
     def __init__(self, run_dir: Path, clock=time.time) -> None:
         self.run_dir = Path(run_dir)
         self.clock = clock
-        self.state = LogState()
+        self.state = LogState(expected_phase_s=earlier_phase_durations(self.run_dir))
         self.reader = FileFollower(self.run_dir / "output.log")
         self._now: float | None = None
         self.splitter = FrameSplitter(self._line, self._frame, on_provisional=self._provisional)
@@ -69,7 +97,7 @@ class RunFollower:
         exit_info = read_json(self.run_dir / "exit.json")
         alive = None if exit_info else process_alive(self.run_dir, now)
         snap = self.state.snapshot(now=now, alive=alive, exit_info=exit_info)
-        snap["updated_at"] = _iso(now)
+        snap["updated_at"] = utcnow_iso(now)
         snap["log_bytes"] = self.reader.offset
         snap["final"] = final or exit_info is not None
         return snap
@@ -77,7 +105,7 @@ class RunFollower:
     def write(self, final: bool = False) -> dict:
         t0 = time.perf_counter()
         snap = self.snapshot(final)
-        atomic_write_json(self.run_dir / "state.json", snap)
+        write_state(self.run_dir / "state.json", snap)
         self.write_cost_s = time.perf_counter() - t0
         self.last_write = self.clock()
         self.writes += 1
@@ -86,8 +114,9 @@ class RunFollower:
 
     @property
     def min_interval_s(self) -> float:
-        """Writes throttled to MIN_WRITE_S, or longer when a write costs much (a big state)."""
-        return max(MIN_WRITE_S, 4 * self.write_cost_s)
+        """Writes throttled to MIN_WRITE_S, or longer when a write costs much (a big state): writing
+        state.json takes at most a tenth of one core, however chatty the log."""
+        return max(MIN_WRITE_S, WRITE_DUTY * self.write_cost_s)
 
     def finish(self) -> dict:
         """Final pass: read to EOF, count the partial last line, write the final state."""
@@ -101,9 +130,9 @@ class RunFollower:
         return snap
 
 
-def _iso(t: float) -> str:
-    from ..fsutil import utcnow_iso
-    return utcnow_iso(t)
+def write_state(path: Path, state: dict) -> None:
+    """Atomically (temp + fsync + rename), compact: it is rewritten often and metric curves are long."""
+    atomic_write_bytes(path, json.dumps(state, separators=(",", ":")).encode() + b"\n")
 
 
 def process_alive(run_dir: Path, now: float) -> bool | None:
@@ -180,4 +209,4 @@ def run_state(run_dir: Path) -> dict | None:
     return state
 
 
-__all__ = ["follow_run", "run_state", "RunFollower", "process_alive", "parse_iso"]
+__all__ = ["follow_run", "run_state", "RunFollower", "process_alive"]

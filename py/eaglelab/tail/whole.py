@@ -6,14 +6,16 @@ from pathlib import Path
 
 from ..errors import EaglelabError
 from ..parse.state import LogState
-from .follower import CHUNK
-from .frames import FrameSplitter
+from .frames import SAMPLE_BYTES, FrameSplitter
+
+CHUNK = 1 << 20  # one buffer, reused for every read (measured: 1-4 MiB read fastest)
 
 
-def parse_chunks(chunks, include_history: bool = False, state: LogState | None = None) -> dict:
+def parse_chunks(chunks, include_history: bool = False, state: LogState | None = None,
+                 sample_bytes: int = SAMPLE_BYTES) -> dict:
     """The final state JSON of a log given as an iterable of byte chunks."""
     st = state or LogState()
-    sp = FrameSplitter(lambda text, n: st.feed_line(text, n), lambda text, n: st.feed_frame(text, n))
+    sp = FrameSplitter(st.feed_line, st.feed_frame, sample_bytes=sample_bytes)
     for chunk in chunks:
         sp.feed(chunk)
     sp.flush()
@@ -25,7 +27,8 @@ def parse_bytes(data: bytes, include_history: bool = False) -> dict:
     return parse_chunks([data], include_history)
 
 
-def parse_file(path: str | Path, include_history: bool = False, chunk: int = CHUNK) -> dict:
+def parse_file(path: str | Path, include_history: bool = False, chunk: int = CHUNK,
+               sample_bytes: int = SAMPLE_BYTES) -> dict:
     path = Path(path)
     try:
         f = open(path, "rb")
@@ -35,5 +38,10 @@ def parse_file(path: str | Path, include_history: bool = False, chunk: int = CHU
         raise EaglelabError(f"{str(path)!r} is a directory: give a log file (e.g. {str(path / 'output.log')!r})") from None
     except PermissionError:
         raise EaglelabError(f"cannot read {str(path)!r}: permission denied") from None
+    st = LogState()
+    sp = FrameSplitter(st.feed_line, st.feed_frame, sample_bytes=sample_bytes)
     with f:
-        return parse_chunks(iter(lambda: f.read(chunk), b""), include_history)
+        sp.feed_file(f, chunk)
+    sp.flush()
+    st.lines, st.garbled = sp.lines, sp.bad
+    return st.snapshot(include_history=include_history)

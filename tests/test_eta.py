@@ -1,0 +1,385 @@
+"""eaglelab.eta: the bar estimator on constructed histories, tqdm's EMA against tqdm itself, the
+replay command on a fixture log, annotate on a status dict, and finish times through the DAG."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from eaglelab.commands.eta import COMMANDS, eta_group
+from eaglelab.errors import RegistryError
+from eaglelab.eta import (BarTracker, History, TqdmEma, annotate, estimate_bar, phase_estimate,
+                          run_duration_estimate)
+from eaglelab.eta_replay import replay
+from eaglelab.fsutil import parse_iso
+
+FIXTURE = Path(__file__).parent / "fixtures" / "eta_replay.log"
+
+
+def history_points(per_item: list[float]) -> list[tuple[float, float]]:
+    """(clock, n) after each item, starting at (0, 0), as a bar's own elapsed clock gives them."""
+    t = np.cumsum(per_item)
+    return [(0.0, 0)] + [(float(t[i]), i + 1) for i in range(len(t))]
+
+
+def truth_left(per_item: list[float], n: int) -> float:
+    return float(np.sum(per_item[n:]))
+
+
+# --- the bar estimator: exact on histories whose future is the past continued --------------------
+
+CONSTANT = [20.0] * 64
+SLOW_FIRST = [100.0] + [1.0] * 63  # vLLM's first item of a batch, 100x slower
+COLLAPSE = [1.0] * 30 + [10.0] * 34  # the rate collapses at item 30
+SPEEDUP = [25.0] * 20 + [5.0] * 65  # a warm cache after 20 shards
+
+
+@pytest.mark.parametrize("name,per_item,n,eta", [
+    ("constant, first item", CONSTANT, 1, 63 * 20.0),
+    ("constant, early", CONSTANT, 5, 59 * 20.0),
+    ("constant, late", CONSTANT, 60, 4 * 20.0),
+    ("slow first item ignored at once", SLOW_FIRST, 2, 62.0),
+    ("slow first item ignored", SLOW_FIRST, 10, 54.0),
+    ("collapse followed", COLLAPSE, 40, 24 * 10.0),
+    ("collapse followed after two items", COLLAPSE, 32, 32 * 10.0),
+    ("speed-up followed", SPEEDUP, 30, 55 * 5.0),
+])
+def test_bar_estimate_exact(name, per_item, n, eta):
+    est = estimate_bar(history_points(per_item)[: n + 1], len(per_item), resolution=0.0)
+    assert est.eta_s == pytest.approx(eta, rel=1e-9), name
+    assert est.eta_low_s <= est.eta_s <= est.eta_high_s
+    assert est.eta_low_s <= truth_left(per_item, n) <= est.eta_high_s
+
+
+def test_bar_estimate_follows_drift_where_tqdm_does_not():
+    # The seeds' load: 16 -> 24 -> 27 -> 29 s/shard and on, slower and slower.
+    # (a saturating drift: the trend is followed while it is steep, slightly overshot once it bends)
+    per_item = list(16 + 34 * (1 - np.exp(-np.arange(64) / 20.0)))
+    for n in (8, 12, 16, 20, 24, 32, 40, 48):
+        points = history_points(per_item)[: n + 1]
+        est = estimate_bar(points, 64)
+        ema = TqdmEma(start=(0.0, 0))
+        for c, k in points[1:]:
+            ema.update(c, k)
+        truth = truth_left(per_item, n)
+        if n <= 20:
+            assert abs(est.eta_s - truth) < abs(ema.eta(64) - truth) / 2, n
+        assert est.eta_low_s <= truth <= est.eta_high_s, n
+        assert est.source == "trend"
+
+
+def test_bar_estimate_edges():
+    assert estimate_bar([], 10) is None
+    assert estimate_bar([(0.0, 0), (5.0, 1)], None) is None  # no total, no ETA
+    done = estimate_bar([(0.0, 0), (5.0, 10)], 10)
+    assert (done.eta_s, done.eta_low_s, done.eta_high_s) == (0.0, 0.0, 0.0)
+    # One frame and no history: the rate the frame printed, with a wide range.
+    one = estimate_bar([(30.0, 3)], 10, rate_hint_s_per_item=10.0)
+    assert one.eta_s == pytest.approx(70.0) and one.eta_low_s < 70.0 < one.eta_high_s
+    assert estimate_bar([(30.0, 3)], 10) is None
+
+
+def test_live_clock_counts_the_item_in_progress():
+    points = history_points([10.0] * 10)  # 10 s per item, 10 done of 20
+    fresh = estimate_bar(points, 20, now=100.0)
+    later = estimate_bar(points, 20, now=105.0)
+    stuck = estimate_bar(points, 20, now=160.0)  # the current item has taken 6x its time
+    assert fresh.eta_s == pytest.approx(100.0)
+    assert later.eta_s == pytest.approx(95.0)
+    assert stuck.eta_high_s > 4 * fresh.eta_high_s  # a possible collapse widens the range
+
+
+def test_whole_second_clock_merges_frames():
+    # Fast bar, tqdm prints whole seconds: frames 0.25 s apart share a clock value.
+    points = [(float(int(0.25 * i)), i) for i in range(41)]
+    est = estimate_bar(points, 100, resolution=1.0)
+    assert est.eta_s == pytest.approx(60 * 0.25, rel=0.15)
+    assert est.eta_low_s <= 15.0 <= est.eta_high_s
+
+
+def test_tracker_bounded_memory_and_restart():
+    tr = BarTracker(total=100_000, max_points=64)
+    for i in range(1, 100_001):
+        tr.add(i * 0.01, i - 1)
+    assert len(tr.points) <= 64
+    assert tr.estimate().eta_s == pytest.approx(0.01, abs=1e-6)
+    tr.add(0.5, 3)  # count went back: a new epoch / a rerun
+    assert tr.restarts == 1 and tr.points == [(0.5, 3)]
+
+
+def test_tqdm_ema_matches_tqdm_itself():
+    """Drive the real tqdm on a simulated clock and compare its printed remaining with TqdmEma."""
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(3)
+    per_item = rng.lognormal(0.5, 0.6, 40)
+    clock = [0.0]
+    buf = io.StringIO()
+    bar = tqdm(total=40, file=buf, mininterval=0, miniters=1, ascii=True, ncols=80)
+    bar._time = lambda: clock[0]
+    bar.start_t = bar.last_print_t = 0.0
+    ema = TqdmEma(start=(0.0, 0))
+    ours = []
+    for dt in per_item:
+        clock[0] += float(dt)
+        bar.update(1)
+        ema.update(clock[0], bar.n)
+        ours.append(ema.eta(40))
+    bar.close()
+    rows = [r for r in replay(buf.getvalue().replace("\r", "\n").split("\n")) if 0 < r.n < 40]
+    assert len(rows) == 39
+    for r, mine in zip(rows, ours):
+        assert r.tqdm_eta_s == pytest.approx(mine, abs=1.0)  # tqdm prints whole seconds
+
+
+# --- lab eta replay FILE --json --------------------------------------------------------------------
+
+KEYS = ["label", "n", "total", "elapsed_s", "eta_s", "eta_low_s", "eta_high_s", "tqdm_eta_s"]
+
+
+def run_replay(path: Path) -> list[dict]:
+    result = CliRunner().invoke(eta_group, ["replay", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.output.splitlines()]
+
+
+def test_replay_command_on_fixture():
+    assert eta_group in COMMANDS
+    rows = run_replay(FIXTURE)
+    assert all(list(r) == KEYS for r in rows)
+    # One row per progress frame, in file order: 8 vLLM frames (two workers), 4 `\r` frames, 1 no-total bar.
+    assert [(r["label"], r["n"]) for r in rows] == [
+        ("Loading safetensors checkpoint shards", n) for n in (0, 0, 1, 1, 2, 2, 4, 4)
+    ] + [("Training", n) for n in (0, 1, 2, 5)] + [("Processed prompts", 123)]
+    # The two workers are kept apart by their prefixes: each follows its own pace.
+    tp0 = rows[2], rows[4]
+    tp1 = rows[3], rows[5]
+    assert [r["eta_s"] for r in tp0] == pytest.approx([60.0, 40.0])
+    assert [r["eta_s"] for r in tp1] == pytest.approx([15.0, 10.0])
+    # Where tqdm printed an estimate, there is one; the printed one is read back.
+    for r in rows:
+        if r["tqdm_eta_s"] is not None:
+            assert r["eta_s"] is not None and r["eta_low_s"] <= r["eta_s"] <= r["eta_high_s"]
+    assert rows[10]["tqdm_eta_s"] == 30.0 and rows[10]["elapsed_s"] == 20.0
+    assert rows[-1]["total"] is None and rows[-1]["eta_s"] is None
+
+
+def test_replay_uses_only_the_lines_so_far(tmp_path):
+    lines = FIXTURE.read_text().splitlines(keepends=True)
+    full = run_replay(FIXTURE)
+    for cut in (4, 8, 10):
+        part = tmp_path / f"part{cut}.log"
+        part.write_text("".join(lines[:cut]))
+        prefix = run_replay(part)
+        assert prefix == full[: len(prefix)]
+
+
+def test_replay_timestamp_clock_and_bad_bytes(tmp_path):
+    # A format with no elapsed field: the clock is the line's timestamp.
+    log = tmp_path / "ts.log"
+    log.write_bytes(b"2026-11-29T10:00:00.000Z step 0/10 [?, ?it/s]\n"
+                    b"\xff\xfe garbage \x00 [ \n"
+                    b"2026-11-29T10:00:00.000Z Shards:  10%|#  | 1/10 [?<?, ?it/s]\n"
+                    b"2026-11-29T10:00:06.000Z Shards:  20%|## | 2/10 [?<?, ?it/s]\n"
+                    b"2026-11-29T10:00:12.000Z Shards:  30%|###| 3/10 [?<?, ?it/s]\n")
+    rows = run_replay(log)
+    shards = [r for r in rows if r["label"] == "Shards"]
+    assert [r["elapsed_s"] for r in shards] == [0.0, 6.0, 12.0]
+    assert shards[-1]["eta_s"] == pytest.approx(7 * 6.0)
+    assert shards[-1]["tqdm_eta_s"] is None
+
+
+def test_replay_missing_file_is_a_clear_error(tmp_path):
+    result = CliRunner().invoke(eta_group, ["replay", str(tmp_path / "nope.log"), "--json"])
+    assert result.exit_code == 2 and "nope.log" in result.output
+
+
+# --- stages, phases and the pipeline -------------------------------------------------------------
+
+NOW = parse_iso("2026-11-29T21:00:00Z")
+
+HISTORY = {"runs": [
+    {"stage": "extract", "host": "gpu1", "profile": "demo", "duration_s": 1000, "phases": [
+        {"name": "server_start", "duration_s": 60}, {"name": "weights_loading", "duration_s": 600},
+        {"name": "graph_capture", "duration_s": 100},
+        {"name": "extraction", "duration_s": 240, "items": 64, "s_per_item": 3.75}]},
+    {"stage": "extract", "host": "gpu1", "profile": "demo", "duration_s": 1100, "phases": [
+        {"name": "server_start", "duration_s": 70}, {"name": "weights_loading", "duration_s": 650},
+        {"name": "graph_capture", "duration_s": 120}, {"name": "extraction", "duration_s": 260}]},
+    {"stage": "extract", "host": "gpu2", "profile": "big", "duration_s": 9000, "phases": [
+        {"name": "extraction", "duration_s": 8000, "items": 1000, "s_per_item": 8.0}]},
+    {"stage": "vocab", "host": "gpu1", "profile": "demo", "duration_s": 30},
+    {"stage": "train", "host": "gpu1", "profile": "demo", "duration_s": 900},
+    {"stage": "train", "host": "gpu1", "profile": "demo", "duration_s": 1000, "state": "failed"},
+]}
+
+
+def stage(name, deps, latest=None, state="pending"):
+    return {"name": name, "host": "gpu1", "kind": "job", "depends_on": deps, "latest_run": latest, "state": state}
+
+
+def status_dict():
+    return {
+        "schema": 1, "generated_at": "2026-11-29T21:00:00.000Z", "profile": "demo",
+        "runs": [
+            {"id": "prepare-1", "stage": "prepare", "host": "gpu1", "state": "completed", "exit_code": 0,
+             "signal": None, "started_at": "2026-11-29T20:40:00Z", "ended_at": "2026-11-29T20:50:00Z",
+             "log_state": None},
+            {"id": "extract-1", "stage": "extract", "host": "gpu1", "state": "running", "exit_code": None,
+             "signal": None, "started_at": "2026-11-29T20:50:00Z", "ended_at": None,
+             "log_state": {"schema": 1, "state": "running", "phase": "weights_loading",
+                           "phases": [{"name": "server_start", "started_line": 1, "ended_line": 5, "duration_s": 60.0},
+                                      {"name": "weights_loading", "started_line": 6, "ended_line": None,
+                                       "duration_s": None}],
+                           "progress": {"label": "Loading safetensors checkpoint shards", "n": 32, "total": 64,
+                                        "rate_s_per_it": 10.0, "elapsed_s": 330, "eta_s": 320.0,
+                                        "eta_low_s": 280.0, "eta_high_s": 400.0}}},
+        ],
+        "hosts": [{"name": "gpu1", "reachable": True}],
+        "stages": [stage("prepare", [], "prepare-1", "completed"), stage("extract", ["prepare"], "extract-1", "running"),
+                   stage("vocab", ["prepare"]), stage("train", ["extract", "vocab"])],
+    }
+
+
+def test_annotate_adds_etas_and_keeps_every_field():
+    status = status_dict()
+    before = json.loads(json.dumps(status))
+    out = annotate(status, HISTORY, NOW)
+    assert status == before  # the input is not touched
+    for key in before:
+        if key not in ("runs", "stages"):
+            assert out[key] == before[key]
+    for orig, new in zip(before["runs"] + before["stages"], out["runs"] + out["stages"]):
+        assert {k: new[k] for k in orig} == orig  # existing fields unchanged, ETA fields added
+
+    extract = out["runs"][1]["eta"]
+    # Current phase from the bar (320 s), then graph capture (median 110) and extraction (median 250).
+    assert [p["name"] for p in extract["phases"]] == ["server_start", "weights_loading", "graph_capture", "extraction"]
+    assert [p["state"] for p in extract["phases"]] == ["done", "running", "pending", "pending"]
+    assert extract["eta_s"] == pytest.approx(320 + 110 + 250)
+    assert extract["eta_low_s"] < extract["eta_s"] < extract["eta_high_s"]
+    assert extract["finish_at"] == "2026-11-29T21:11:20.000Z"
+    assert "eta" not in out["runs"][0]  # completed runs have nothing left
+
+    stages = {s["name"]: s["eta"] for s in out["stages"]}
+    assert stages["prepare"]["finish_at"] == "2026-11-29T20:50:00.000Z"
+    assert stages["vocab"]["start_at"] == "2026-11-29T21:00:00.000Z" and stages["vocab"]["eta_s"] == 30.0
+    # train starts when extract (the later of its two dependencies) finishes; 900 s from history
+    # (the failed run's 1000 s does not count).
+    assert stages["train"]["start_at"] == extract["finish_at"]
+    assert stages["train"]["eta_s"] == pytest.approx(680 + 900)
+    pipe = out["pipeline"]
+    assert pipe["finish_at"] == stages["train"]["finish_at"] == "2026-11-29T21:26:20.000Z"
+    assert pipe["finish_low_at"] < pipe["finish_at"] < pipe["finish_high_at"]
+    assert pipe["critical_path"] == ["prepare", "extract", "train"]
+
+
+def test_annotate_without_history_says_unknown():
+    out = annotate(status_dict(), None, NOW)
+    assert out["runs"][1]["eta"]["phases"][1]["eta_s"] == 320.0  # the bar is still known
+    assert out["pipeline"]["finish_at"] is None
+    assert set(out["pipeline"]["unknown"]) >= {"vocab", "train"}
+
+
+@pytest.mark.parametrize("b_dur,c_dur,path", [(100, 50, ["a", "b", "d"]), (50, 300, ["a", "c", "d"])])
+def test_pipeline_finish_through_a_diamond(b_dur, c_dur, path):
+    hist = {"runs": [{"stage": s, "host": "gpu1", "profile": "p", "duration_s": d}
+                     for s, d in (("a", 10), ("b", b_dur), ("c", c_dur), ("d", 20))]}
+    status = {"schema": 1, "profile": "p", "runs": [],
+              "stages": [stage("a", []), stage("b", ["a"]), stage("c", ["a"]), stage("d", ["b", "c"])]}
+    out = annotate(status, hist, NOW)
+    eta = {s["name"]: s["eta"]["eta_s"] for s in out["stages"]}
+    assert eta == {"a": 10, "b": 10 + b_dur, "c": 10 + c_dur, "d": 10 + max(b_dur, c_dur) + 20}
+    assert out["pipeline"]["critical_path"] == path
+    assert out["pipeline"]["eta_s"] == eta["d"]
+
+
+def test_phase_estimates_fall_back_to_size_then_elsewhere():
+    hist = History.from_dict({**HISTORY, "expected_items": {"extract": {"extraction": 100}}})
+    same = phase_estimate(hist, "extract", "gpu1", "demo", "graph_capture")
+    assert (same.eta_s, same.source) == (110.0, "history")
+    # A profile with no history of its own: items expected x the rates measured elsewhere.
+    sized = phase_estimate(hist, "extract", "gpu3", "other", "extraction")
+    assert sized.source == "size" and sized.eta_s == pytest.approx(100 * statistics_median([3.75, 8.0]))
+    assert phase_estimate(hist, "extract", "gpu3", "other", "nope") is None
+    whole = run_duration_estimate(hist, "extract", "gpu1", "demo")
+    assert whole.eta_s == pytest.approx(65 + 625 + 110 + 250)
+
+
+def statistics_median(xs):
+    import statistics
+    return statistics.median(xs)
+
+
+def test_bad_history_names_the_key():
+    with pytest.raises(RegistryError, match=r"runs\[0\].*'stage'"):
+        History.from_dict({"runs": [{"host": "gpu1", "duration_s": 3}]})
+    with pytest.raises(RegistryError, match=r"runs\[0\]"):
+        History.from_dict({"runs": [{"stage": "x", "duration_s": "soon"}]})
+
+
+def test_history_from_registry_phase_rows_and_status_runs():
+    # The registry's flat rows (eaglelab.runs.Registry.phase_history) group into runs.
+    rows = [{"run_id": "extract-a", "stage": "extract", "host": "gpu1", "profile": "demo", "phase": p,
+             "duration_s": d, "items": None, "rate_s_per_item": None, "ended_at": None}
+            for p, d in (("server_start", 60), ("weights_loading", 600), ("graph_capture", 100), ("extraction", 240))]
+    hist = History.from_dict({"phases": rows})
+    assert [p.name for p in hist.runs[0].phases] == ["server_start", "weights_loading", "graph_capture", "extraction"]
+    assert run_duration_estimate(hist, "extract", "gpu1", "demo").eta_s == 1000
+    with pytest.raises(RegistryError, match=r"phases\[0\].*'run_id'"):
+        History.from_dict({"phases": [{"stage": "x", "phase": "y", "duration_s": 1}]})
+    # A completed run the status lists is history too (vocab and train had none in the registry).
+    status = status_dict()
+    status["runs"].append({"id": "vocab-0", "stage": "vocab", "host": "gpu1", "state": "completed",
+                           "duration_s": 40.0, "started_at": "2026-11-29T19:00:00Z", "ended_at": "2026-11-29T19:00:40Z",
+                           "exit_code": 0, "signal": None, "log_state": None})
+    out = annotate(status, {"phases": rows}, NOW)
+    assert {s["name"]: s["eta"]["eta_s"] for s in out["stages"]}["vocab"] == 40.0
+    assert out["pipeline"]["unknown"] == ["train"]
+
+
+def test_run_without_phases_counts_its_elapsed_time():
+    """A stage whose runs name no phases: the registry keeps the whole run as `__run__`."""
+    rows = [{"run_id": f"tick-{i}", "stage": "tick", "host": "local", "profile": "demo", "phase": "__run__",
+             "duration_s": d} for i, d in enumerate((100.0, 120.0))]
+    run = {"id": "tick-2", "stage": "tick", "host": "local", "state": "running",
+           "started_at": "2026-11-29T20:59:00Z", "log_state": {"phase": None, "phases": [], "progress": None}}
+    status = {"schema": 1, "profile": "demo", "runs": [run],
+              "stages": [{"name": "tick", "host": "local", "depends_on": [], "latest_run": "tick-2", "state": "running"}]}
+    out = annotate(status, {"phases": rows}, NOW)
+    assert out["runs"][0]["eta"]["eta_s"] == pytest.approx(110.0 - 60.0)  # median of earlier runs - 60 s run
+    # With a bar, the bar is the run: its ETA, not the bar plus a whole run again.
+    run["log_state"]["progress"] = {"n": 5, "total": 20, "eta_s": 30.0, "eta_low_s": 20.0, "eta_high_s": 45.0}
+    out = annotate(status, {"phases": rows}, NOW)
+    assert out["runs"][0]["eta"]["eta_s"] == 30.0
+    assert out["pipeline"]["eta_s"] == 30.0
+
+
+def test_registry_whole_run_row_beside_phases_is_the_run_not_a_phase():
+    rows = [{"run_id": "train-a", "stage": "train", "host": "h", "profile": "p", "phase": name, "duration_s": d}
+            for name, d in (("training", 200.0), ("checkpointing", 20.0), ("validation", 30.0), ("__run__", 257.0))]
+    hist = History.from_dict({"phases": rows})
+    (run,) = hist.runs
+    assert [p.name for p in run.phases] == ["training", "checkpointing", "validation"] and run.duration_s == 257.0
+    # 7 s outside the phases (start-up): a run just started has it all ahead.
+    status = {"schema": 1, "profile": "p", "stages": [stage("train", [], "train-b", "running") | {"host": "h"}],
+              "runs": [{"id": "train-b", "stage": "train", "host": "h", "state": "running",
+                        "started_at": "2026-11-29T21:00:00Z", "log_state": {"phase": None, "phases": [], "progress": None}}]}
+    assert annotate(status, {"phases": rows}, NOW)["runs"][0]["eta"]["eta_s"] == pytest.approx(257.0)
+
+
+def test_a_ready_service_is_done_for_the_pipeline():
+    hist = {"runs": [{"stage": "serve", "host": "gpu1", "profile": "demo", "duration_s": 300},
+                     {"stage": "synth", "host": "gpu1", "profile": "demo", "duration_s": 600}]}
+    serve_run = {"id": "serve-1", "stage": "serve", "host": "gpu1", "state": "running", "kind": "service",
+                 "started_at": "2026-11-29T20:00:00Z", "log_state": {"phase": None, "phases": [], "ready": True}}
+    status = {"schema": 1, "profile": "demo", "runs": [serve_run],
+              "stages": [stage("serve", [], "serve-1", "running"), stage("synth", ["serve"])]}
+    out = annotate(status, hist, NOW)
+    assert out["runs"][0]["eta"]["eta_s"] == 0.0
+    assert out["pipeline"]["eta_s"] == 600.0 and out["pipeline"]["critical_path"] == ["serve", "synth"]
