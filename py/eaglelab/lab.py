@@ -29,6 +29,8 @@ from .fsutil import parse_iso
 from .runs import Registry
 
 ACTIVE = ("pending", "running")
+# Code every stage script leans on: a change here is a change of every stage that uses it.
+STAGE_SHARED_CODE = tuple(REPO_ROOT / "py" / "eaglelab" / p for p in ("stages/common.py", "manifest.py"))
 
 
 class Lab:
@@ -67,11 +69,13 @@ class Lab:
         spec = spec or self.launch_spec(stage)
         digest = self.executor(stage.host).inputs_digest(spec["inputs"], spec["cwd"]) if spec["inputs"] else {}
         code = {"eaglelab": __version__}
+        pkg = REPO_ROOT / "py" / "eaglelab"
         for arg in spec["command"]:
             m = re.fullmatch(r"eaglelab\.stages\.(\w+)", arg)
-            src = REPO_ROOT / "py" / "eaglelab" / "stages" / f"{m.group(1)}.py" if m else None
-            if src is not None and src.exists():
-                code[arg] = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+            if m:  # the stage's own script and the helpers every stage shares
+                for src in (pkg / "stages" / f"{m.group(1)}.py", *STAGE_SHARED_CODE):
+                    if src.exists():
+                        code[str(src.relative_to(pkg))] = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
         payload = {k: spec[k] for k in ("stage", "host", "kind", "command", "env", "inputs", "outputs")}
         blob = json.dumps({"spec": payload, "inputs": digest, "code": code}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
