@@ -440,7 +440,7 @@ def test_failed_stage_retried_next_night_with_webhooks(night: NightLab, receiver
         night.wait_for(lambda: len(events()) >= 3)
         assert sorted(events()) == sorted([("completed", "a"), ("failed", "b"), ("pipeline_finished", "pipeline")])
         failed = next(e for e in receiver.json("/generic") if e["event"] == "failed")
-        assert failed["host"] == "local" and failed["reason"] == "exit code 1" and failed["exit_code"] == 1
+        assert failed["host"] == "local" and failed["reason"] == "other: ended by exit code 1; last line: b: broken as asked" and failed["exit_code"] == 1
         assert failed["status_url"] == "http://127.0.0.1:8765/" and failed["duration_s"] is not None
         assert failed["run_id"].startswith("b-")
         finished = next(e for e in receiver.json("/generic") if e["event"] == "pipeline_finished")

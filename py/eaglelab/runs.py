@@ -84,7 +84,10 @@ class Registry:
                 yield db
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # A signal (SystemExit from a handler) can land after COMMIT already went through:
+                # roll back only what is still open, and let the original exception through.
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
 
     def upsert(self, run: dict) -> None:
