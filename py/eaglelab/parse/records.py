@@ -81,8 +81,11 @@ def _glog_md(md: str) -> str:
     return f"{md[:2]}-{md[2:]}"
 
 
+_LEVEL_ALIASES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
+
+
 def _level(name: str) -> str:
-    return {"WARN": "WARNING", "FATAL": "CRITICAL"}.get(name, name)
+    return _LEVEL_ALIASES.get(name, name)
 
 
 class LogClock:
