@@ -34,6 +34,7 @@ _BAR_RE = re.compile(
 _RATE_RE = re.compile(r"\s*(?P<val>\?|\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s?(?P<si>[kKMGTPEZY]?)(?P<unit>s/\S+|[^\s/]+/s)\s*$")
 # The `[elapsed<remaining, rate, postfix]` block that closes a frame, wherever it is in a line.
 _CLOSE_RE = re.compile(rf"\[(?:{_TIME}|\?)(?:<(?:{_TIME}|\?))?(?:,[^\]]*)?\]")
+_BAR_GROUPS = ("pct", "n", "total", "unit", "elapsed", "remaining", "rest")
 _NUM_RE = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)([kKMGTPEZY]?)$")
 
 
@@ -62,8 +63,9 @@ def parse_time(text: str | None) -> float | None:
     """`MM:SS`, `H:MM:SS` or `d days, H:MM:SS` as seconds; `?` or None -> None."""
     if not text or text == "?":
         return None
-    if len(text) == 5 and text[2] == ":":  # MM:SS, nearly every frame
-        return float(int(text[:2]) * 60 + int(text[3:]))
+    mins, colon, secs_ = text.partition(":")
+    if ":" not in secs_ and mins.isdigit():  # M..M:SS, nearly every frame
+        return float(int(mins) * 60 + int(secs_))
     days = 0
     if "day" in text:
         d, _, text = text.partition(",")
@@ -122,48 +124,43 @@ def parse_bar(message: str, prefix: str = "") -> Progress | None:
     m = _BAR_RE.search(text)
     if m is None:
         return None
+    pct, n_s, total_s, unit_s, elapsed, remaining, rest = m.group(*_BAR_GROUPS)  # one call, not seven
     desc = text[: m.start()].strip()
     if desc.endswith(":"):
         desc = desc[:-1].rstrip()
-    pct = m.group("pct")
-    if pct is None and desc and not m.group("unit") and m.group("total") is None:
+    if pct is None and desc and not unit_s and total_s is None:
         # `word 12 [00:01, ...]` without % or unit is not a bar frame tqdm prints.
-        if m.group("rest") is None:
+        if rest is None:
             return None
-    n = _number(m.group("n"))
-    total_s = m.group("total")
-    total = None if total_s in (None, "?") else _number(total_s)
-    unit = m.group("unit") or "it"
+    n = int(n_s) if n_s.isdigit() else _number(n_s)
+    total = None if total_s is None or total_s == "?" else int(total_s) if total_s.isdigit() else _number(total_s)
+    unit = unit_s or "it"
 
     rate = rate_unit = None
     s_per_it = None
-    post_items: list[str] = []
-    rest = m.group("rest")
+    postfix: dict[str, str] = {}
     if rest is not None:
         items = rest.split(",")
         rm = _RATE_RE.match(items[0])
         if rm is not None:
-            rate_unit = rm.group("unit")
-            if rm.group("val") != "?":
-                rate = float(rm.group("val")) * _SI[rm.group("si")]
+            val, si, rate_unit = rm.group("val", "si", "unit")
+            if val != "?":
+                rate = float(val) * _SI[si]
                 if rate_unit.startswith("s/"):
                     s_per_it = rate
                 elif rate > 0:
                     s_per_it = 1.0 / rate
             if rate_unit.startswith("s/"):
-                unit = rate_unit[2:] if not m.group("unit") else unit
-            elif not m.group("unit"):
+                unit = rate_unit[2:] if not unit_s else unit
+            elif not unit_s:
                 unit = rate_unit[:-2]
-            items = items[1:]
-        post_items = _rejoin(items)
+            del items[0]
+        if items:
+            postfix = _postfix(_rejoin(items))
 
     percent = float(pct) if pct is not None else (100.0 * n / total if total else None)
-    return Progress(
-        label=desc, n=n, total=total, unit=unit, percent=percent,
-        elapsed_s=parse_time(m.group("elapsed")), remaining_s=parse_time(m.group("remaining")),
-        rate=rate, rate_unit=rate_unit or "", rate_s_per_it=s_per_it,
-        postfix=_postfix(post_items), prefix=prefix,
-    )
+    return Progress(desc, n, total, unit, percent, parse_time(elapsed), parse_time(remaining),
+                    rate, rate_unit or "", s_per_it, postfix, prefix)
 
 
 def split_glued(message: str) -> tuple[str, str] | None:

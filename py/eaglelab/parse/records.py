@@ -55,7 +55,7 @@ def parse_record(text: str) -> Record:
     elif c == "[":
         m = _RICH_RE.match(text)
         if m:
-            return Record(_level(m.group("level")), _RICH_SRC_RE.sub("", text[m.end():]), None, m.group("hms"))
+            return Record(_level(m.group("level")), _rich_message(text[m.end():]), None, m.group("hms"))
         m = _GLOG_RE.match(text)
         if m:
             return Record(_GLOG_LEVEL[m.group("lv")], text[m.end():], _glog_md(m.group("md")), m.group("hms"))
@@ -67,8 +67,13 @@ def parse_record(text: str) -> Record:
     elif c == " " and text.startswith(" " * 11):
         m = _RICH_RE.match(text)
         if m:
-            return Record(_level(m.group("level")), _RICH_SRC_RE.sub("", text[m.end():]), None, None)
+            return Record(_level(m.group("level")), _rich_message(text[m.end():]), None, None)
     return Record(None, text, None, None)
+
+
+def _rich_message(msg: str) -> str:
+    """msg without the `file.py:12` Rich puts at the far right; the search runs only where one can be."""
+    return _RICH_SRC_RE.sub("", msg) if ".py:" in msg else msg
 
 
 def _glog_md(md: str) -> str:
@@ -76,8 +81,11 @@ def _glog_md(md: str) -> str:
     return f"{md[:2]}-{md[2:]}"
 
 
+_LEVEL_ALIASES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
+
+
 def _level(name: str) -> str:
-    return {"WARN": "WARNING", "FATAL": "CRITICAL"}.get(name, name)
+    return _LEVEL_ALIASES.get(name, name)
 
 
 class LogClock:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from .events import END, Event, metric, num, phase_end, phase_start
+from .events import END, METRIC, Event, metric, num, phase_end, phase_start
 
 _EPOCH_RE = re.compile(r"(?P<kind>Training|Validation) epoch (?P<e>\d+)/(?P<n>\d+) (?P<what>started|completed)")
 _PROCESSING_RE = re.compile(r"^Processing (?P<n>\d+) samples")
@@ -27,6 +27,7 @@ _PIPELINE_RE = re.compile(r"Pipeline complete in (?P<s>[\d.]+)s: (?P<n>\d+) conv
 _COUNTERS = ("global_step", "step", "epoch")
 # A metric line names something a trainer measures; `world_size=1, rank=0` (vLLM's setup) does not.
 _METRIC_KEY_RE = re.compile(r"/|loss|acc|lr$|grad_norm|perplexity|tokens_per_s")
+_METRIC_KEYS_RE = re.compile(_METRIC_KEY_RE.pattern, re.M)
 
 _GATE = ("=", "epoch", "heckpoint", "Processing", "Found", "Timing", "Saved", "Skipped", "complete", "Preparing",
          "preparing", "Writing dataset", "EAGLE Offline")
@@ -102,12 +103,13 @@ def _metric_line(msg: str) -> list[Event] | None:
             if v[:1] in ("'", '"'):
                 continue  # a string value (speculators prints them with repr)
             return None
-    if len(pairs) < 2 or not any(_METRIC_KEY_RE.search(k) for k in pairs):
+    # Keys hold no whitespace: one search over them all, one per line (`lr$` per line with re.M).
+    if len(pairs) < 2 or _METRIC_KEYS_RE.search("\n".join(pairs)) is None:
         return None
     step = pairs.get("global_step", pairs.get("step"))
     if step is None and "epoch" in pairs and any(k.startswith("val/") for k in pairs):
         step = pairs["epoch"]
-    return [metric(k, v, step) for k, v in pairs.items() if k not in _COUNTERS]
+    return [Event(METRIC, k, v, step) for k, v in pairs.items() if k not in _COUNTERS]
 
 
 BAR_PHASES = {"Generating responses": "generating"}

@@ -52,6 +52,8 @@ class LogState:
         self._open_t: tuple[float | None, float | None] = (None, None)  # (log time, clock) at start
         self.metrics: dict[str, list[list[float]]] = {}
         self._metric_count: dict[str, int] = {}
+        self._step_in: object = None   # the last step given to _add_metric, and its x
+        self._step_x: float | int = 0
         self.last_activity_at: float | None = None
         self.stuck_stats = 0
         self.stats_message = ""
@@ -71,7 +73,10 @@ class LogState:
     def feed_frame(self, text: str, lineno: int, now: float | None = None) -> None:
         """A \\r-terminated frame of line lineno (a progress bar being redrawn, usually)."""
         self.frames += 1
-        self.feed_line(text, lineno, now)
+        try:
+            self._feed(text, lineno, now)
+        except Exception:  # noqa: BLE001 - as feed_line
+            self.bad_lines += 1
 
     def feed_provisional(self, text: str, lineno: int, now: float | None = None) -> None:
         """The newest, not yet terminated frame (live tailing): only a progress bar is read from it.
@@ -206,9 +211,12 @@ class LogState:
         self._metric_count[name] = index + 1
         if step is None:
             x = index
+        elif step is self._step_in:
+            x = self._step_x  # the same step object as the metric before (one line's metrics share it)
         else:
             x = float(step)
             x = int(x) if x.is_integer() else x
+            self._step_in, self._step_x = step, x
         series.append([x, value])
         if len(series) > MAX_POINTS:
             self.metrics[name] = series[::2]
