@@ -185,6 +185,7 @@ def main() -> None:
     ap.add_argument("--per-bar", action="store_true", help="print every bar's figures")
     args = ap.parse_args()
     groups = args.group or ["real", "recorded", "synthetic"]
+    every_real: list[BarScore] = []  # public pastes and runs recorded here: the goal is on these
     for group in groups:
         scores: list[BarScore] = []
         counts = {"complete": 0, "excerpt": 0}
@@ -197,6 +198,8 @@ def main() -> None:
             for path in paths:
                 text = path.read_bytes().decode("utf-8", errors="replace")
                 scores += score_log(path.stem, text, counts)
+        if group != "synthetic":
+            every_real += scores
         tag = f"{group}{' (SYNTHETIC)' if group == 'synthetic' else ''}"
         summarize(f"[{tag}]", scores, counts)
         if group != "synthetic":
@@ -209,6 +212,11 @@ def main() -> None:
                       f"tqdm {statistics.median(s.tqdm):.3f} ema {statistics.median(s.ema):.3f} "
                       f"tol: ours {statistics.median(s.ours_tol):.3f} tqdm {statistics.median(s.tqdm_tol):.3f} "
                       f"cov {s.covered / s.obs:.0%}")
+    if "real" in groups and "recorded" in groups:
+        summarize("[all real logs: public + recorded]", every_real)
+        for half in ("A", "B"):
+            summarize(f"  [all real, half {half}{' (held out)' if half == 'B' else ''}]",
+                      [s for s in every_real if s.half == half])
 
 
 if __name__ == "__main__":
