@@ -6,22 +6,24 @@ Corpus (bench/corpus/, sources in bench/corpus/SOURCES.md):
   real/       progress lines pasted in public GitHub issues (vLLM / SGLang weight loads, vLLM
               offline inference, Lightning training), plus the parser's fixture logs
               (tests/fixtures/logs/public, sources in tests/fixtures/logs/SOURCES.md);
-  recorded/   real runs recorded on this machine (bench/record_runs.py): CPU training, tokenizing;
-              plus tests/fixtures/logs/recorded (a vLLM CPU server start, speculators' trainer);
+  recorded/   real runs recorded here (bench/record_runs.py: CPU training, tokenizing), on an H200
+              (bench/record_runs_gpu.py), the demo pipeline's own runs; plus
+              tests/fixtures/logs/recorded (vLLM CPU server start, speculators' trainer, h200/);
   synthetic   (made here, reported apart, never mixed in): per-item times drawn from scenarios
               (drift like the seeds' load, a 100x slow first item, a collapse, evaluation pauses)
               and printed by tqdm itself (tqdm's format_meter and EMA on a simulated clock).
 
-Every log goes through the same replay as `lab eta replay` (eaglelab.eta_replay). For each bar:
-  - if it reaches its total in the file, the truth at an observation is the time from it to the
-    first frame at total ("complete" bars);
-  - pasted excerpts mostly stop mid-bar: then the target is the last count the excerpt shows and
-    every estimate (ours, tqdm's printed one, tqdm's EMA) is for reaching that count; tqdm's printed
-    remaining time is rescaled by its own rate: remaining * (target - n) / (total - n)
-    ("truncated" bars).
+Every log goes through the same replay as `lab eta replay` (eaglelab.eta_replay), and each frame's
+own eta_s / eta_low_s / eta_high_s is scored. Only bars that reach their total in the file are
+scored: the truth at a frame is the time from it to the first frame at total. A pasted excerpt
+that stops mid-bar has no known end: it is counted and left out. Frames with under 2 s left are
+skipped (whole-second clocks).
 Figures: the median over bars of the median relative error |eta - truth| / truth per bar (ours,
-tqdm printed, tqdm EMA replayed), their ratio, and the share of observations whose truth lies in
-[eta_low_s, eta_high_s]. Observations whose truth is under 2 s (whole-second clocks) are left out.
+tqdm printed, tqdm EMA replayed), their ratio, the same with an error within one clock tick
+counted as none (the truth is a difference of whole seconds, and tqdm prints its remaining time
+truncated), and the share of observations whose truth lies in [eta_low_s, eta_high_s]. Every
+group is also split into halves A / B by the log's name (half_of: fixed before any figure was
+seen; B is held out), and all real logs (public + recorded) are summarized together.
 """
 
 from __future__ import annotations

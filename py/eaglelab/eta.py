@@ -15,6 +15,8 @@ The bar estimator (`estimate_bar`) uses the whole observation history:
      significant); recent segments weigh more, but never fewer than 8 carry the weight;
   4. the level is calibrated so that the fitted curve spends as much time as the bar really did
      (so periodic slow steps, e.g. evaluation pauses, count), leaving out early outliers only;
+     where the lines print a rate (tqdm times items on an exact clock, we fit whole seconds), the
+     recent printed rates are a second estimate of the level, combined by inverse variance;
   5. the time left integrates the per-item time over the items left, the drift continued linearly
      at half strength for at most as many items as were observed and never beyond x2.5; the range
      adds the level's uncertainty (scatter over evidence, the rate's wander between blocks of the
