@@ -67,22 +67,30 @@ def pipeline(c: _Ctx, force: bool, keep_services: bool, quiet: bool, notify: boo
     t0 = time.time()
     failed = None
     ran = []
-    for name in lab.cfg.stage_order():
-        if lab.cfg.stage(name).kind != "job":
-            continue
-        rec = lab.run(name, force=force, wait=True, follow=not quiet)
-        ran.append({"stage": name, "run": rec.get("id"), "state": rec.get("state")})
-        if rec["state"] != "completed":
-            failed = rec
-            break
-    if not keep_services:
-        lab.stop_services(out=sys.stdout)
+    error = None
+    try:
+        for name in lab.cfg.stage_order():
+            if lab.cfg.stage(name).kind != "job":
+                continue
+            try:
+                rec = lab.run(name, force=force, wait=True, follow=not quiet)
+            except EaglelabError as e:  # could not start (a service died, preflight): a failure too
+                error, rec = e, {"stage": name, "state": "failed", "id": None}
+            ran.append({"stage": name, "run": rec.get("id"), "state": rec.get("state")})
+            if rec["state"] != "completed":
+                failed = rec
+                break
+    finally:  # services must not outlive the pipeline, however it ends (Ctrl-C included)
+        if not keep_services:
+            lab.stop_services(out=sys.stdout)
     if notify:
         from .notify import pipeline_finished
         detail = f"{failed['stage']} {failed['state']}" if failed else f"{len(ran)} stages completed"
         pipeline_finished(lab.notifier, firing_id=f"manual-{int(t0)}", target="pipeline", ok=failed is None,
                           detail=detail, failed_stage=failed["stage"] if failed else None, stages=ran,
                           duration_s=time.time() - t0, log=None)
+    if error is not None:
+        raise error
     if failed:
         click.echo(f"lab: pipeline stopped at {failed['stage']} ({failed['state']})", err=True)
         raise click.exceptions.Exit(_exit_code(failed))

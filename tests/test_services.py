@@ -1,0 +1,77 @@
+"""Services: started for the jobs that need them, waited for until ready, and stopped when another
+stage needs their GPUs (the seeds stopped the inference server by hand to free the GPUs)."""
+
+from __future__ import annotations
+
+SERVICE = '["${python}", "-c", "import time; time.sleep(0.5); print(\'Application startup complete\', flush=True); time.sleep(600)"]'
+
+PIPELINE = f"""\
+stages:
+  serve_a:
+    kind: service
+    host: local
+    gpus: 1
+    command: {SERVICE}
+    ready: {{log_regex: "Application startup complete", timeout_s: 60}}
+    stop_grace_s: 2
+  serve_b:
+    kind: service
+    host: local
+    gpus: 1
+    command: {SERVICE}
+    ready: {{log_regex: "Application startup complete", timeout_s: 60}}
+    stop_grace_s: 2
+  job_a:
+    host: local
+    command: ["true"]
+    needs: [serve_a]
+  job_b:
+    host: local
+    command: ["true"]
+    needs: [serve_b]
+    depends_on: [job_a]
+  broken_service:
+    kind: service
+    host: local
+    command: ["${{python}}", "-c", "import sys; print('no luck'); sys.exit(4)"]
+    ready: {{log_regex: "Application startup complete", timeout_s: 60}}
+  job_c:
+    host: local
+    command: ["true"]
+    needs: [broken_service]
+"""
+
+
+def _state(tmplab, stage):
+    runs = tmplab.runs(stage)
+    return runs[-1]["state"] if runs else None
+
+
+def test_service_started_for_job_then_handed_over_for_the_gpu(tmplab, monkeypatch):
+    # GPUs are counted, not touched, by the hand-over: preflight (which asks nvidia-smi, and is
+    # tested in test_ssh_preflight.py) would refuse them on this GPU-less machine.
+    monkeypatch.setenv("EAGLELAB_NO_PREFLIGHT", "1")
+    tmplab.write_lab("    gpus: 1\n")
+    tmplab.write_pipeline(PIPELINE)
+    p = tmplab.lab("run", "job_a")
+    assert "waiting for service serve_a" in p.stdout and "service serve_a is ready" in p.stdout
+    assert _state(tmplab, "job_a") == "completed" and _state(tmplab, "serve_a") == "running"
+    # job_b needs serve_b, which needs the only GPU serve_a holds: serve_a is stopped first.
+    p = tmplab.lab("run", "job_b")
+    assert "stopping service serve_a to free 1 GPU(s) on local for serve_b" in p.stdout
+    assert _state(tmplab, "serve_a") == "killed" and _state(tmplab, "serve_b") == "running"
+    assert _state(tmplab, "job_b") == "completed"
+    # a job whose service is up reuses it
+    p = tmplab.lab("run", "job_b", "--force")
+    assert "starting serve_b" not in p.stdout and len(tmplab.runs("serve_b")) == 1
+    # the pipeline's end stops what is left
+    p = tmplab.lab("pipeline", "--quiet", check=False)
+    assert [(r["stage"], r["state"]) for r in tmplab.runs() if r["state"] == "running"] == [], p.stdout + p.stderr
+
+
+def test_service_that_dies_before_ready_fails_the_job_with_its_log(tmplab):
+    tmplab.write_pipeline(PIPELINE)
+    p = tmplab.lab("run", "job_c", check=False)
+    assert p.returncode != 0
+    assert "service 'broken_service' ended (failed (exit code 4)) before it was ready" in p.stderr
+    assert "lab logs" in p.stderr and tmplab.runs("job_c") == []
