@@ -102,6 +102,32 @@ def test_whole_second_clock_merges_frames():
     assert est.eta_low_s <= 15.0 <= est.eta_high_s
 
 
+def test_printed_rate_sharpens_a_fast_bar_on_a_whole_second_clock():
+    # 0.3 s per item; the elapsed is floored to whole seconds (3.6 s seen as 3 s) while tqdm's
+    # printed rate, timed on an exact clock, says 0.30 s/it: with it the level is right.
+    per_item = 0.3
+    points = [(0.0, 0)] + [(float(int(per_item * i + 1e-9)), i) for i in range(1, 13)]  # 12 items, 3.6 s
+    rates = [None] + [per_item * (1.0 + 0.02 * (-1) ** i) for i in range(1, 13)]
+    truth = per_item * (100 - 12) - (3.6 - 3.0)  # the current item started 0.6 s before "now"
+    alone = estimate_bar(points, 100, resolution=1.0)
+    both = estimate_bar(points, 100, resolution=1.0, printed_s_per_item=rates)
+    assert abs(both.s_per_item - per_item) < 0.2 * abs(alone.s_per_item - per_item)
+    assert both.eta_low_s <= truth <= both.eta_high_s
+    # A noisy printed rate barely moves a slow bar fitted on many seconds.
+    slow = history_points([20.0] * 10)
+    noisy = [None] + [20.0 * f for f in (0.3, 3.0, 0.5, 2.5, 0.4, 2.0, 0.6, 3.0, 0.5, 2.2)]
+    a, b = estimate_bar(slow, 20, resolution=1.0), estimate_bar(slow, 20, resolution=1.0, printed_s_per_item=noisy)
+    assert b.eta_s == pytest.approx(a.eta_s, rel=0.02)
+
+
+def test_tracker_keeps_printed_rates_aligned():
+    tr = BarTracker(total=10_000, resolution=1.0, max_points=32)
+    for i in range(1, 2000):
+        tr.add(float(int(i * 0.1)), i, rate_s_per_item=0.1)
+    assert len(tr.rates) == len(tr.points) <= 32
+    assert tr.estimate().eta_s == pytest.approx(0.1 * (10_000 - 1999), rel=0.05)
+
+
 def test_tracker_bounded_memory_and_restart():
     tr = BarTracker(total=100_000, max_points=64)
     for i in range(1, 100_001):

@@ -15,6 +15,8 @@ The bar estimator (`estimate_bar`) uses the whole observation history:
      significant); recent segments weigh more, but never fewer than 8 carry the weight;
   4. the level is calibrated so that the fitted curve spends as much time as the bar really did
      (so periodic slow steps, e.g. evaluation pauses, count), leaving out early outliers only;
+     where the lines print a rate (tqdm times items on an exact clock, we fit whole seconds), the
+     recent printed rates are a second estimate of the level, combined by inverse variance;
   5. the time left integrates the per-item time over the items left, the drift continued linearly
      at half strength for at most as many items as were observed and never beyond x2.5; the range
      adds the level's uncertainty (scatter over evidence, the rate's wander between blocks of the
@@ -194,9 +196,38 @@ def _integrate(p0: float, b: float, items: float, cap: float) -> float:
     return head + p0 * (1.0 + b * u) * max(items - cap, 0.0)
 
 
+def _level_var(dts: np.ndarray, dns: np.ndarray, a: float, b: float, x: np.ndarray, level: float,
+               calib: np.ndarray, lw: np.ndarray, resolution: float, k: int) -> float:
+    """Variance (log scale) of the fitted level now: the segments' scatter over how many the level
+    rests on, the clock's resolution over the time fitted, and little evidence when few segments."""
+    resid = np.log(dts / (np.exp(a + b * x) * level * dns))[calib]
+    sigma_seg = max(float(np.sqrt(np.average(resid ** 2, weights=dns[calib]))), SCALE_FLOOR)
+    lw_d = (lw * dns)[calib]
+    k_eff = float(np.sum(lw_d) ** 2 / np.sum(lw_d ** 2))
+    return (sigma_seg ** 2 / k_eff + (resolution / max(float(np.sum(dts)), 1e-9)) ** 2 + (0.5 / k) ** 2)
+
+
+def _with_printed_rate(p0: float, var_fit: float, printed: np.ndarray) -> float:
+    """The per-item time now, combining the fit's level with the rates the lines printed.
+
+    tqdm's printed rate is its EMA over the last updates timed on an exact clock: unbiased by the
+    whole-second elapsed we fit, but jumpy. Both are taken as estimates of log(seconds per item)
+    and weighted by inverse variance: the fit's from its own uncertainty, the printed rate's from
+    the scatter of the recent printed values (their median is used). A steady fast bar (1 s ticks
+    over a few seconds) leans on the printed rate; a slow or noisy one on the fit."""
+    recent = printed[~np.isnan(printed)][-RECENT_SEGMENTS:]
+    if len(recent) < 3:
+        return p0
+    lr = np.log(recent)
+    var_rate = max(float(np.var(lr)), SCALE_FLOOR ** 2)
+    w = var_fit / (var_fit + var_rate)  # the printed rate's share
+    return math.exp((1.0 - w) * math.log(p0) + w * float(np.median(lr)))
+
+
 def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, now: float | None = None,
                  resolution: float = 0.0, rate_hint_s_per_item: float | None = None,
-                 prior_s_per_item: float | None = None) -> BarEstimate | None:
+                 prior_s_per_item: float | None = None,
+                 printed_s_per_item: Sequence[float | None] | None = None) -> BarEstimate | None:
     """Estimate the time left for a bar from all its observations so far.
 
     points: (clock_s, n) in observation order (the bar's own elapsed time, or a line's timestamp);
@@ -204,7 +235,10 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     resolution: the clock's resolution in seconds (1.0 for tqdm's printed MM:SS elapsed);
     rate_hint_s_per_item: the rate the line printed, used only while the history has no segment;
     prior_s_per_item: where the history starts mid-bar (a log read from the middle), the rate the
-    first frame printed: tqdm's summary of the part not seen, counted as one more (early) segment.
+    first frame printed: tqdm's summary of the part not seen, counted as one more (early) segment;
+    printed_s_per_item: the rate each point's line printed (None where none), aligned with points:
+    tqdm times items on an exact clock while the elapsed we fit is whole seconds, so on a fast bar
+    the printed rate knows the current level better than the fit does (see _with_printed_rate).
     """
     if total is None or not points:
         return None
@@ -219,6 +253,9 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     # Observations as arrays, n non-decreasing (a restart of the bar is the caller's business).
     t = np.asarray([p[0] for p in points], float)
     n = np.asarray([p[1] for p in points], float)
+    printed = None
+    if printed_s_per_item is not None and len(printed_s_per_item) == len(points):
+        printed = np.asarray([r if r and r > 0 else np.nan for r in printed_s_per_item], float)
     keep = np.concatenate([[True], np.diff(n) > 0])  # first time each count was reached
     t, n = t[keep], n[keep]
     mids, dns, dts = _segments(t, n, max(2.0 * resolution, 1e-9))
@@ -265,11 +302,22 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     cap = float(n_last - (mids[0] - dns[0] / 2))  # items observed in the fitted stretch
     p0 = math.exp(a + b * (n_last - mids[-1]) / span) * level  # per-item time at the current item
 
-    def remaining(damping: float) -> float:
-        return _integrate(p0, b_item * damping, remaining_items, cap)
+    # The level's own uncertainty (log scale, see below), and the printed rate as a second look at it.
+    var_fit_level = _level_var(dts, dns, a, b, x, level, calib, lw, resolution, k)
+    p0_fit = p0
+    if printed is not None:
+        regime_start = float(mids[0] - dns[0] / 2.0)
+        in_regime = printed[np.asarray([p[1] for p in points], float) > regime_start]
+        p0 = _with_printed_rate(p0, var_fit_level, in_regime)
+
+    def remaining(damping: float, p_now: float = p0) -> float:
+        return _integrate(p_now, b_item * damping, remaining_items, cap)
 
     point = remaining(DRIFT_DAMPING)
-    lo_drift, hi_drift = sorted((remaining(0.0), remaining(1.0)))
+    # The range spans both looks at the level (the fit alone, and the fit with the printed rate):
+    # where they disagree, that disagreement is itself uncertainty.
+    ends = [remaining(d, p_) for d in (0.0, 1.0) for p_ in {p0, p0_fit}]
+    lo_drift, hi_drift = min(ends), max(ends)
 
     # Uncertainty of the level (log scale): scatter of the segments over how many there are, the
     # clock's resolution over the time fitted, and the noise still to come over the items left.
@@ -356,6 +404,7 @@ class BarTracker:
     def __init__(self, total: float | None = None, resolution: float = 0.0, max_points: int = MAX_POINTS):
         self.total, self.resolution, self.max_points = total, resolution, max_points
         self.points: list[tuple[float, float]] = []
+        self.rates: list[float | None] = []  # the rate each point's line printed, aligned with points
         self.rate_hint: float | None = None
         self.prior: float | None = None  # the first frame's printed rate, when it was seen mid-bar
         self.restarts = 0
@@ -366,21 +415,25 @@ class BarTracker:
         if rate_s_per_item:
             self.rate_hint = rate_s_per_item
         if self.points and (n < self.points[-1][1] or clock < self.points[-1][0]):
-            self.points, self.restarts, self.prior = [], self.restarts + 1, None
+            self.points, self.rates, self.restarts, self.prior = [], [], self.restarts + 1, None
         if not self.points and n > 1:
             self.prior = rate_s_per_item  # history starts mid-bar: tqdm's rate summarizes the unseen part
         if self.points and n == self.points[-1][1] and len(self.points) > 1 and n == self.points[-2][1]:
             self.points[-1] = (clock, n)  # a run of same-count frames: keep its first and its last
+            self.rates[-1] = rate_s_per_item
         else:
             self.points.append((clock, n))
+            self.rates.append(rate_s_per_item)
         if len(self.points) > self.max_points:
             # Thin the older three quarters evenly; the recent quarter stays dense for the regime test.
             cut = (3 * len(self.points)) // 4
             self.points = self.points[0:1] + self.points[2:cut:2] + self.points[cut:]
+            self.rates = self.rates[0:1] + self.rates[2:cut:2] + self.rates[cut:]
 
     def estimate(self, now: float | None = None) -> BarEstimate | None:
         return estimate_bar(self.points, self.total, now=now, resolution=self.resolution,
-                            rate_hint_s_per_item=self.rate_hint, prior_s_per_item=self.prior)
+                            rate_hint_s_per_item=self.rate_hint, prior_s_per_item=self.prior,
+                            printed_s_per_item=self.rates)
 
 
 # ---------------------------------------------------------------------------------------------------
