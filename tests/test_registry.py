@@ -75,3 +75,24 @@ def test_unreachable_host_keeps_its_since_and_last_report(tmp_path):
     assert h["reachable"] is False and h["unreachable_since"] == since and h["gpus"] == [{"index": 0}]
     reg.sync_host("gpu1", {"runs": [], "gpus": None})
     assert reg.hosts()["gpu1"]["reachable"] is True and reg.hosts()["gpu1"]["unreachable_since"] is None
+
+
+def test_writer_killed_while_holding_the_write_lock(tmp_path):
+    """A `lab` SIGKILLed inside a transaction: the next process opens the registry and writes."""
+    db = tmp_path / "registry.sqlite"
+    Registry(db).upsert({"id": "keep", "stage": "s", "host": "h", "state": "completed"})
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+        import sqlite3, sys, time
+        db = sqlite3.connect({str(db)!r}, isolation_level=None)
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("UPDATE runs SET state = 'running' WHERE id = 'keep'")
+        print("holding", flush=True)
+        time.sleep(600)
+        """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    reg = Registry(db)  # no "database is locked"
+    assert reg.get("keep")["state"] == "completed"  # the dead writer's change never landed
+    reg.upsert({"id": "new", "stage": "s", "host": "h", "state": "running"})
+    assert {r["id"] for r in reg.runs()} == {"keep", "new"}

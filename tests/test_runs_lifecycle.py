@@ -51,7 +51,7 @@ def _meta(tmplab, run_id):
 
 
 def test_detached_stage_survives_lab_and_its_shell(tmplab):
-    tmplab.write_pipeline(PIPELINE)
+    tmplab.write_pipeline(PIPELINE.replace('steps: "10"', 'steps: "20"'))  # long enough to kill mid-run
     # `lab run` attached (following the log) inside a shell; kill the shell's whole group mid-run.
     shell = subprocess.Popen(["sh", "-c", '"$0" run tick; echo after', str(LAB)], env=tmplab.env(),
                              start_new_session=True,
@@ -64,7 +64,7 @@ def test_detached_stage_survives_lab_and_its_shell(tmplab):
     done = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"]))["state"] not in ("running", "pending") and r)
     assert (done["state"], done["exit_code"], done["signal"]) == ("completed", 0, None)
     assert parse_iso(done["ended_at"]) > killed_at and done["started_at"] < done["ended_at"]
-    assert json.loads((tmplab.work / "out" / "tick.json").read_text()) == {"steps": 10}
+    assert json.loads((tmplab.work / "out" / "tick.json").read_text()) == {"steps": 20}
     log = (tmplab.work / "runs" / run["id"] / "output.log").read_bytes()
     assert b"tick: done" in log and b"\r" in log  # tqdm frames reach the log raw
 

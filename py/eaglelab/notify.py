@@ -168,9 +168,10 @@ def _db(path: str | os.PathLike) -> sqlite3.Connection:
 
 
 def ensure_schema(db_path: str | os.PathLike) -> None:
+    from .runs import ensure_schema as _ensure
     db = _db(db_path)
     try:
-        db.executescript(SCHEMA)
+        _ensure(db, SCHEMA)
     finally:
         db.close()
 

@@ -9,6 +9,7 @@ transaction. It is a cache of the hosts' run directories (the hosts are the sour
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import sys
 import time
@@ -55,11 +56,7 @@ class Registry:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self._connect() as db:
-                db.executescript(SCHEMA)
-                have = {r[1] for r in db.execute("PRAGMA table_info(runs)")}
-                for col, decl in ADDED_COLUMNS.items():  # registries made before these columns existed
-                    if col not in have:
-                        db.execute(f"ALTER TABLE runs ADD COLUMN {col} {decl}")
+                ensure_schema(db, SCHEMA, {"runs": ADDED_COLUMNS})
         except sqlite3.DatabaseError as e:
             raise RegistryError(f"{self.path}: not a usable registry ({e}); move it aside and run "
                                 f"`lab status` to rebuild it from the hosts") from None
@@ -68,9 +65,10 @@ class Registry:
     def _connect(self) -> Iterator[sqlite3.Connection]:
         db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
         try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA busy_timeout=60000")
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":  # persistent: set once
+                _retry_locked(lambda: db.execute("PRAGMA journal_mode=WAL"))
+            db.execute("PRAGMA synchronous=NORMAL")
             db.row_factory = sqlite3.Row
             yield db
         finally:
@@ -203,6 +201,59 @@ class Registry:
         sql = "SELECT * FROM phases" + (" WHERE stage = ?" if stage else "") + " ORDER BY ended_at"
         with self._connect() as db:
             return [dict(r) for r in db.execute(sql, (stage,) if stage else ())]
+
+
+def ensure_schema(db: sqlite3.Connection, schema: str, added_columns: dict[str, dict[str, str]] | None = None) -> None:
+    """Create the tables/indexes of `schema` (and columns added since) that are missing.
+
+    Nothing is written when all exist, so readers never queue for the write lock. When something
+    is missing it is made under BEGIN IMMEDIATE, which waits its turn (busy_timeout): a bare
+    CREATE in autocommit can fail at once with "database is locked" next to a busy writer."""
+    added_columns = added_columns or {}
+    statements = [st.strip() for st in schema.split(";") if st.strip()]
+    wanted = {re.search(r"IF NOT EXISTS (\w+)", st).group(1) for st in statements}
+
+    def missing_parts(conn) -> bool:
+        have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        if not wanted <= have:
+            return True
+        for table, cols in added_columns.items():
+            if set(cols) - {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+                return True
+        return False
+
+    def create() -> None:
+        if not missing_parts(db):
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for st in statements:
+                db.execute(st)
+            for table, cols in added_columns.items():  # registries made before these columns existed
+                have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+                for col, decl in cols.items():
+                    if col not in have:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    _retry_locked(create)
+
+
+def _retry_locked(fn, attempts: int = 100, pause_s: float = 0.1):
+    """fn(), again while SQLite says the database is locked (WAL recovery after a writer was
+    killed, a schema change next to a reader): such waits are short and the busy handler does
+    not cover every one of them."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e) or i == attempts - 1:
+                raise
+            time.sleep(pause_s)
 
 
 def _row(row: sqlite3.Row) -> dict:
