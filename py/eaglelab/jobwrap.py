@@ -20,6 +20,7 @@ from pathlib import Path
 from .fsutil import atomic_write_json, read_json, utcnow_iso
 
 HEARTBEAT_S = 5.0
+ORPHAN_GRACE_S = 5.0
 # Every stage gets these: unbuffered Python output reaches the log as it happens, and Rich
 # (speculators' logger) would otherwise wrap metric lines at 80 columns when writing to a file.
 STAGE_ENV = {"PYTHONUNBUFFERED": "1", "COLUMNS": "1000"}
@@ -110,7 +111,9 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
             continue
     ended = time.time()
     exit_code, sig = (None, -rc) if rc < 0 else (rc, None)
-    orphans = group_alive(child.pid)
+    # A server's worker processes exit a moment after its main process: only a group still there
+    # after ORPHAN_GRACE_S is reported (it may hold GPU memory).
+    orphans = _wait_group_gone(child.pid, ORPHAN_GRACE_S)
     stop.set()
     if follower is not None:
         follower.join(timeout=10)  # let the tailer read the last lines before the end is recorded
@@ -122,6 +125,16 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     (run_dir / "heartbeat").write_text(utcnow_iso() + "\n")
     log.close()
     return rc if rc >= 0 else 128 - rc
+
+
+def _wait_group_gone(pgid: int, grace_s: float) -> bool:
+    """True if processes of the group are still alive after grace_s."""
+    deadline = time.time() + grace_s
+    while group_alive(pgid):
+        if time.time() > deadline:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def group_alive(pgid: int) -> bool:
