@@ -178,3 +178,26 @@ def test_logs_shows_the_last_frame_of_progress_lines(tmplab):
     assert "3/3" in out and "0/3" not in out and "tick: done" in out
     p = tmplab.lab("logs", "tickk", check=False)
     assert p.returncode != 0 and "did you mean 'tick'" in p.stderr
+
+
+def test_final_state_covers_the_log_even_when_the_live_tailer_fell_short(tmp_path):
+    """jobwrap's safety net: a tailer that stopped early (or is still busy) leaves a stale state;
+    the end is recorded only after the state covers the whole log."""
+    import threading
+
+    from eaglelab import jobwrap
+    from eaglelab.fsutil import atomic_write_json
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    frames = "".join(f"\rEvaluating: {i * 100 // 3}%| | {i}/3 [00:0{i}<00:00, 1.00req/s]" for i in range(4))
+    (run_dir / "output.log").write_text(frames + "\neval: done\n")
+    atomic_write_json(run_dir / "state.json", {"schema": 1, "progress": {"n": 0, "total": 3}, "lines": 0,
+                                               "log_bytes": 10, "final": False})
+    dead = threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join()
+    jobwrap._ensure_final_state(run_dir, dead)
+    st = json.loads((run_dir / "state.json").read_text())
+    assert st["progress"]["n"] == 3 and st["log_bytes"] == (run_dir / "output.log").stat().st_size
+    assert st["final"] is True

@@ -117,6 +117,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     stop.set()
     if follower is not None:
         follower.join(timeout=10)  # let the tailer read the last lines before the end is recorded
+        _ensure_final_state(run_dir, follower)
     atomic_write_json(run_dir / "exit.json", {
         "schema": 1, "exit_code": exit_code, "signal": sig, "signal_name": signal_name(sig),
         "ended_at": utcnow_iso(ended), "duration_s": round(ended - started, 3),
@@ -125,6 +126,25 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     (run_dir / "heartbeat").write_text(utcnow_iso() + "\n")
     log.close()
     return rc if rc >= 0 else 128 - rc
+
+
+def _ensure_final_state(run_dir: Path, follower: threading.Thread) -> None:
+    """The recorded state must cover the whole log: if the live tailer did not get there (it is
+    still busy, or died), parse what it missed here, once, before the end is recorded."""
+    state = read_json(run_dir / "state.json") or {}
+    try:
+        size = (run_dir / "output.log").stat().st_size
+    except OSError:
+        return
+    if not follower.is_alive() and state.get("final") and state.get("log_bytes") == size:
+        return
+    print(f"jobwrap: the tailer {'is still busy' if follower.is_alive() else 'stopped early'} "
+          f"(state covers {state.get('log_bytes')} of {size} bytes); final pass here", flush=True)
+    try:
+        from .tail.run import RunFollower
+        RunFollower(run_dir).finish()
+    except Exception as e:  # the end must be recorded whatever the parser does
+        print(f"jobwrap: final parse failed: {type(e).__name__}: {e}", flush=True)
 
 
 def _wait_group_gone(pgid: int, grace_s: float) -> bool:
