@@ -17,6 +17,30 @@ REPO = Path(__file__).resolve().parents[1]
 LAB = REPO / "bin" / "lab"
 
 
+def wait_for(pred, timeout: float = 60, interval: float = 0.2):
+    """Poll pred() until it returns something true (returned) or fail after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def kill_unfinished(run_dirs) -> None:
+    """SIGKILL the process group of every run without an exit.json: no stage outlives its test."""
+    for d in run_dirs:
+        meta = d / "meta.json"
+        if meta.exists() and not (d / "exit.json").exists():
+            pgid = json.loads(meta.read_text()).get("pgid")
+            if pgid:
+                try:
+                    os.killpg(pgid, 9)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
 class TmpLab:
     def __init__(self, root: Path):
         self.root = root
@@ -64,13 +88,7 @@ class TmpLab:
         return [r for r in self.status()["runs"] if stage is None or r["stage"] == stage]
 
     def wait_for(self, pred, timeout: float = 60, interval: float = 0.2):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            value = pred()
-            if value:
-                return value
-            time.sleep(interval)
-        raise AssertionError(f"condition not met within {timeout} s")
+        return wait_for(pred, timeout, interval)
 
     def run_dirs(self) -> list[Path]:
         d = self.work / "runs"
@@ -81,16 +99,7 @@ class TmpLab:
 def tmplab(tmp_path: Path) -> TmpLab:
     lab = TmpLab(tmp_path)
     yield lab
-    # Leave no stage running behind a test.
-    for d in lab.run_dirs():
-        meta = d / "meta.json"
-        if meta.exists() and not (d / "exit.json").exists():
-            pgid = json.loads(meta.read_text()).get("pgid")
-            if pgid:
-                try:
-                    os.killpg(pgid, 9)
-                except (ProcessLookupError, PermissionError):
-                    pass
+    kill_unfinished(lab.run_dirs())
 
 
 # -- the ssh lab: hosts as network namespaces with their own sshd (tests/testlab.py) -------------

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAB, REPO, TmpLab
+from conftest import LAB, REPO, TmpLab, kill_unfinished
 
 FAKE_NIGHT = "2030-01-07 02:59:56"  # four seconds before a `0 3 * * *` entry is due
 # The last line of a firing's log: it ran (and wrote its summary), or it found another running.
@@ -196,15 +196,7 @@ def night(tmp_path: Path, sandbox: CronSandbox):
     sandbox.stop_daemon()
     lab.ns_lab("cron", "remove", "--all", check=False)
     _kill_drainer(lab)
-    for d in lab.run_dirs():
-        meta = d / "meta.json"
-        if meta.exists() and not (d / "exit.json").exists():
-            pgid = json.loads(meta.read_text()).get("pgid")
-            if pgid:
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+    kill_unfinished(lab.run_dirs())
 
 
 # -- webhook receivers on 127.0.0.1 ---------------------------------------------------------------

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import time
 
+from conftest import wait_for as _wait_for
+
 
 def tick(host: str, steps: int, delay: float) -> dict:
     return {"host": host, "command": ["${python}", "-m", "eaglelab.stages.tick", "--steps", str(steps),
@@ -16,13 +18,7 @@ def tick(host: str, steps: int, delay: float) -> dict:
 
 
 def wait_for(pred, timeout: float = 60, interval: float = 0.3):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
+    return _wait_for(pred, timeout, interval)
 
 
 def runs_by_stage(status: dict) -> dict[str, list[dict]]:

@@ -18,6 +18,8 @@ from eaglelab.fsutil import read_json
 from eaglelab.tail import follow_run, run_state
 from eaglelab.tail.run import RunFollower
 
+from conftest import wait_for as _wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 TQDM_CHILD = r"""
 import sys, time
@@ -30,13 +32,7 @@ print("eaglelab: done", flush=True)
 
 
 def wait_for(cond, timeout=30.0, every=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError("condition not met in time")
+    return _wait_for(cond, timeout, every)
 
 
 class Following:

@@ -263,12 +263,3 @@ def _row(row: sqlite3.Row) -> dict:
     d["log_state"] = json.loads(d["log_state"]) if d.get("log_state") else None
     return d
 
-
-def wait_until(pred, timeout: float, interval: float = 0.1) -> bool:
-    """Poll pred() until true or timeout; True if it became true."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return bool(pred())
