@@ -149,7 +149,7 @@ def test_nested_bars_from_real_tqdm_are_kept_apart():
     ("(Worker_TP0 pid=12) x", "(Worker_TP0 pid=12)", "x"),
     ("(Worker_PP0_TP0_EP0 pid=7) x", "(Worker_PP0_TP0_EP0 pid=7)", "x"),
     ("(VllmWorker rank=0 pid=34) x", "(VllmWorker rank=0 pid=34)", "x"),
-    ("(RayWorkerWrapper pid=1234, ip=10.0.0.1) x", "(RayWorkerWrapper pid=1234, ip=10.0.0.1)", "x"),
+    ("(RayWorkerWrapper pid=1234, ip=10.77.0.1) x", "(RayWorkerWrapper pid=1234, ip=10.77.0.1)", "x"),
     ("(pid=99) x", "(pid=99)", "x"),
     ("[rank3]: x", "[rank3]:", "x"),
     ("[rank0]:[W914 04:53:45.6 ProcessGroupNCCL.cpp:1476] w", "[rank0]:", "[W914 04:53:45.6 ProcessGroupNCCL.cpp:1476] w"),

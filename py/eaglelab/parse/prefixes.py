@@ -1,7 +1,7 @@
 """Process prefixes that launchers put in front of every line, stripped and kept as context.
 
 vLLM's multiprocess workers print `(Worker_TP0 pid=12) `, `(VllmWorker rank=0 pid=34) `,
-`(EngineCore_DP0 pid=5) `, `(APIServer pid=1) `; Ray adds `(RayWorkerWrapper pid=7, ip=10.0.0.2) `;
+`(EngineCore_DP0 pid=5) `, `(APIServer pid=1) `; Ray adds `(RayWorkerWrapper pid=7, ip=10.77.0.2) `;
 torchrun's `--tee`/log redirects write `[rank3]: ` or `[default0]:`; `srun --label` writes `0: `;
 mpirun `--tag-output` writes `[1,0]<stdout>:`; `docker logs -t` puts an RFC 3339 timestamp first.
 They can be stacked (`[rank0]: (Worker pid=1) ...`). Recognizers see the bare message; the
