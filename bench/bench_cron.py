@@ -75,7 +75,7 @@ def fire(env: dict) -> float:
 def kill_drainer(root: Path) -> None:
     try:
         pid = int((root / "logs" / "locks" / "notify-drain.pid").read_text())
-        if b"eaglelab.notify" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if b"eaglelab.control.notify" in Path(f"/proc/{pid}/cmdline").read_bytes():
             os.kill(pid, 9)
     except (OSError, ValueError):
         pass

@@ -13,7 +13,7 @@ Corpus (bench/corpus/, sources in bench/corpus/SOURCES.md):
               (drift like the seeds' load, a 100x slow first item, a collapse, evaluation pauses)
               and printed by tqdm itself (tqdm's format_meter and EMA on a simulated clock).
 
-Every log goes through the same replay as `lab eta replay` (eaglelab.eta_replay), and each frame's
+Every log goes through the same replay as `lab eta replay` (eaglelab.eta.replay), and each frame's
 own eta_s / eta_low_s / eta_high_s is scored. Only bars that reach their total in the file are
 scored: the truth at a frame is the time from it to the first frame at total. A pasted excerpt
 that stops mid-bar has no known end: it is counted and left out. Frames with under 2 s left are
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
 from eaglelab.eta import TqdmEma, estimate_bar  # noqa: E402
-from eaglelab.eta_replay import replay  # noqa: E402
+from eaglelab.eta.replay import replay  # noqa: E402
 
 CORPUS = ROOT / "bench" / "corpus"
 # The parser's fixture logs (real, sources in tests/fixtures/logs/SOURCES.md) count too.

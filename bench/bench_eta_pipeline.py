@@ -5,7 +5,7 @@
 
 Runs a real two-stage pipeline (bench/eta_workload.py: extract = load -> encode (bar) -> write,
 then train = warmup -> train (bar); real CPU work, one thread) --runs times. While each stage runs,
-its log is parsed live every 0.5 s by the same parser the tailer uses (eaglelab.parse.state), so
+its log is parsed live every 0.5 s by the same parser the tailer uses (eaglelab.host.parse.state), so
 every sample is the state JSON `lab status` would have shown then. Afterwards each run is scored
 with the *other* runs as history (leave one out; host and profile the same): at 10/25/50% of the
 stage (for the `extract` stage) and of the whole pipeline, `eta.annotate` on the status of that
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "py"))
 
 from eaglelab.eta import annotate  # noqa: E402
 from eaglelab.fsutil import parse_iso, utcnow_iso  # noqa: E402
-from eaglelab.parse.state import LogState  # noqa: E402
+from eaglelab.host.parse.state import LogState  # noqa: E402
 
 STAGES = ("extract", "train")
 FRACTIONS = (0.10, 0.25, 0.50)

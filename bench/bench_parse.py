@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_parse.py [--mb 300] [--latency-n 200]
 
 Prints figures (no pass/fail):
-1. Throughput of `lab parse`'s core (eaglelab.tail.whole.parse_file) on a generated tqdm-heavy
+1. Throughput of `lab parse`'s core (eaglelab.host.tail.whole.parse_file) on a generated tqdm-heavy
    log (mostly \\r frames of several bars, some log and metric lines), and on a line-heavy log
    (no frames), each beside `grep -c` over the same file in the same run, as a ratio.
 2. Peak RSS of a fresh process parsing logs of growing size: flat means constant memory.
@@ -101,7 +101,7 @@ def timed(cmd: list[str]) -> tuple[float, float]:
 PARSE_CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
-from eaglelab.tail.whole import parse_file
+from eaglelab.host.tail.whole import parse_file
 if len(sys.argv) > 3:  # warm-up: pay the one-time costs (lazy imports: eaglelab.eta pulls numpy) first
     parse_file(sys.argv[3])
     # numpy's OpenBLAS starts a thread at import that spins ~0.1 s of CPU before it sleeps: also
@@ -155,7 +155,7 @@ def throughput(tmp: Path, mb: int, runs_n: int = 5) -> None:
 def memory(tmp: Path, sizes: list[int]) -> None:
     print("## 2. Peak RSS of a fresh process parsing a tqdm-heavy log of growing size\n")
     base = subprocess.run([sys.executable, "-c", "import resource,sys; sys.path.insert(0, sys.argv[1]);"
-                           "import eaglelab.tail.whole; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)",
+                           "import eaglelab.host.tail.whole; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)",
                            str(ROOT / "py")], capture_output=True, text=True, check=True).stdout
     print(f"- import only: {float(base):.0f} MB")
     for mb in sizes:
@@ -171,7 +171,7 @@ FOLLOW_CHILD = """
 import sys, threading, signal
 sys.path.insert(0, sys.argv[2])
 from pathlib import Path
-from eaglelab.tail import follow_run
+from eaglelab.host.tail import follow_run
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *a: stop.set())
 follow_run(Path(sys.argv[1]), stop)
@@ -237,7 +237,7 @@ CHATTY_CHILD = """
 import resource, signal, sys, threading
 sys.path.insert(0, sys.argv[2])
 from pathlib import Path
-from eaglelab.tail import follow_run
+from eaglelab.host.tail import follow_run
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *a: stop.set())
 r0 = resource.getrusage(resource.RUSAGE_SELF)

@@ -2,7 +2,7 @@
 
 The lab is real where it matters: a temporary conf (50 hosts, 400 stages), a real SQLite registry
 filled with 800 runs (running ones with a parser state of 256-sample bar histories and metric
-curves), the real collect() and the real `lab web` server (werkzeug, threaded) in its own process,
+curves), the real collect() and the real `lab web` server (waitress) in its own process,
 refreshing its snapshot every 2 s while the clients hammer it. Only the hosts are not asked
 (collect(refresh=False)): this measures the page, not ssh.
 
@@ -44,7 +44,7 @@ def build_lab(root: Path) -> Path:
     import yaml
 
     from eaglelab.fsutil import utcnow_iso
-    from eaglelab.runs import Registry
+    from eaglelab.control.registry import Registry
 
     conf = root / "conf"
     (conf / "profiles").mkdir(parents=True)
@@ -105,8 +105,8 @@ def serve(conf: str, port: int, refresh_s: float) -> None:
     """The server process: `lab web`'s app and server, plus the bench-only /naive route."""
     from flask import Response
 
-    from eaglelab.lab import Lab
-    from eaglelab.status import collect
+    from eaglelab.control.lab import Lab
+    from eaglelab.control.status import collect
     from status_web import create_app, server
 
     lab = Lab.load(conf)
@@ -116,7 +116,7 @@ def serve(conf: str, port: int, refresh_s: float) -> None:
     app.add_url_rule("/naive", "naive", lambda: Response(json.dumps(source()), mimetype="application/json"))
     import logging
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server.make(app, "127.0.0.1", port).serve_forever()
+    server.make(app, "127.0.0.1", port).run()
 
 
 def load(port: int, path: str, clients: int, seconds: float, gz: bool = True, keepalive: bool = True) -> dict:

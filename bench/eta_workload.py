@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
-from eaglelab.parse.markers import done_line, emit, phase_completed, phase_started  # noqa: E402
+from eaglelab.host.parse.markers import done_line, emit, phase_completed, phase_started  # noqa: E402
 
 DIM, VOCAB = 128, 512
 

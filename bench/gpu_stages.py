@@ -59,13 +59,40 @@ def extract_rate(out: str) -> float:
     return float(m.group(1)) if m else float("nan")
 
 
+def gpu_time_breakdown(model_dir: Path, device: str, seq: int, batch: int, aux: list[int]) -> list[str]:
+    """Where a forward pass of the extraction spends GPU time: torch.profiler's top ops by device time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, str(REPO / "py"))
+    from eaglelab.stages.extract import forward_hidden_states, load_hf_model
+
+    model = load_hf_model(model_dir, device)
+    rows = [[(7 * i + j) % 4000 + 8 for j in range(seq)] for i in range(batch)]
+    forward_hidden_states(model, rows, aux)  # warm-up
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(3):
+            forward_hidden_states(model, rows, aux)
+    key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=14, max_name_column_width=60)
+    del model
+    return table.splitlines()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench_out/gpu"))
     ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--arch", default="llama", help="llama | deepseek_v3 (MoE + MLA, Kimi-K2.5's class)")
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--experts", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=8, help="extraction batch (batch 1 is measured too)")
+    ap.add_argument("--writer-threads", type=int, default=2)
     ap.add_argument("--train-steps", type=int, default=30)
+    ap.add_argument("--draft-vocab", type=int, default=1024)
     ap.add_argument("--attn", default="sdpa", help="sdpa | simple_flex_attention (compiles ~2 min in step 0)")
     ap.add_argument("--device", default="cuda", help="cpu: a small dry run of this script itself")
     a = ap.parse_args()
@@ -77,48 +104,74 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"
     print(f"gpu_stages: {name}, torch {torch.__version__}, out {out}")
-    results: dict = {"device": name, "torch": torch.__version__}
+    results: dict = {"device": name, "torch": torch.__version__, "arch": a.arch}
 
     model = out / "model"
-    dt, _ = stage("tiny_model", "--out", str(model), "--hidden", str(a.hidden), "--layers", str(a.layers),
-                  "--heads", "16", "--kv-heads", "4", "--intermediate", str(a.hidden * 11 // 4), "--max-shard-size",
-                  "200MB", log=out / "model.log")
+    t0 = time.perf_counter()
+    dt, _ = stage("tiny_model", "--out", str(model), "--arch", a.arch, "--hidden", str(a.hidden),
+                  "--layers", str(a.layers), "--heads", str(a.heads), "--kv-heads", "4", "--experts", str(a.experts),
+                  "--intermediate", str(a.hidden * 11 // 4 if a.arch == "llama" else a.hidden * 2),
+                  "--max-shard-size", "200MB", log=out / "model.log")
     n_params = json.loads((model / "manifest.json").read_text())["counts"]["parameters"]
-    print(f"model: {n_params / 1e6:.0f} M parameters (hidden {a.hidden}, {a.layers} layers), made in {dt:.1f}s")
+    print(f"model: {a.arch}, {n_params / 1e6:.0f} M parameters (hidden {a.hidden}, {a.layers} layers), made in {dt:.1f}s")
+    results["parameters"] = n_params
     tokens = make_rows(out / "rows.jsonl", a.samples, 4096, 600, 1800, seed=0)
     dt, _ = stage("prepare", "--model", str(model), "--data", str(out / "rows.jsonl"), "--out", str(out / "prepared"),
                   "--seq-length", "8192", log=out / "prepare.log")
     print(f"prepare: {a.samples} samples, {tokens} tokens in {dt:.1f}s")
+    results["tokens"] = tokens
 
-    aux = " ".join(str(i) for i in sorted({min(2, a.layers - 1), a.layers // 2, max(a.layers - 3, 1)}))
-    rates = {}
-    for bs in (1, 8):
-        hs = out / f"hidden_states_b{bs}"
-        dt, text = stage("extract", "--backend", "transformers", "--device", a.device, "--batch-size", str(bs),
-                         "--model", str(model), "--data", str(out / "prepared"), "--out", str(hs), "--aux-layers", aux,
-                         log=out / f"extract_b{bs}.log")
-        rates[bs] = extract_rate(text)
-        size = sum(p.stat().st_size for p in hs.glob("hs_*.safetensors"))
-        print(f"extract (transformers, batch {bs}): {rates[bs]:.0f} tokens/s incl. writes; stage {dt:.1f}s; "
+    aux = sorted({min(2, a.layers - 1), a.layers // 2, max(a.layers - 3, 1)})
+    aux_s = " ".join(map(str, aux))
+    rates, timings = {}, {}
+    runs = [(f"b{a.batch}_forward_only", a.batch, 0, True),
+            (f"b{a.batch}_inline", a.batch, 0, False), (f"b{a.batch}_overlap", a.batch, a.writer_threads, False)]
+    for label, bs, threads, fwd_only in runs:
+        hs = out / f"hidden_states_{label}"
+        args = ["--backend", "transformers", "--device", a.device, "--batch-size", str(bs), "--writer-threads",
+                str(threads), "--model", str(model), "--data", str(out / "prepared"), "--out", str(hs),
+                "--aux-layers", aux_s] + (["--forward-only"] if fwd_only else [])
+        dt, text = stage("extract", *args, log=out / f"extract_{label}.log")
+        rates[label] = extract_rate(text)
+        m = re.search(r"forward\+copy ([\d.]+)s, waiting on writers ([\d.]+)s", text)
+        timings[label] = {"forward_copy_s": float(m.group(1)), "writer_wait_s": float(m.group(2))} if m else {}
+        size = sum(p.stat().st_size for p in hs.glob("hs_*.safetensors")) if hs.exists() else 0
+        print(f"extract {label}: {rates[label]:.0f} tokens/s; stage {dt:.1f}s; {timings[label]}; "
               f"{size / 1e9:.2f} GB of hs files")
+    fo = rates[f"b{a.batch}_forward_only"]
     results["extract_tokens_per_s"] = rates
-    print(f"extract: batch 8 / batch 1 = {rates[8] / rates[1]:.2f}x")
+    results["extract_timings"] = timings
+    results["overlap_vs_forward_only"] = rates[f"b{a.batch}_overlap"] / fo
+    results["inline_vs_forward_only"] = rates[f"b{a.batch}_inline"] / fo
+    print(f"extract: vs forward-only (batch {a.batch}): inline writes {results['inline_vs_forward_only']:.2f}x, "
+          f"overlapped writes ({a.writer_threads} threads) {results['overlap_vs_forward_only']:.2f}x")
 
-    dt, _ = stage("vocab", "--data", str(out / "prepared"), "--model", str(model), "--draft-vocab-size", "1024",
-                  "--out", str(out / "vocab"), log=out / "vocab.log")
+    table = gpu_time_breakdown(model, a.device, 1200, a.batch, aux)
+    (out / "gpu_time.txt").write_text("\n".join(table) + "\n")
+    print("extract forward, where the device time goes (torch.profiler, batch "
+          f"{a.batch} x 1200 tokens, 3 passes):")
+    print("\n".join(table))
+
+    dt, _ = stage("vocab", "--data", str(out / "prepared"), "--model", str(model), "--draft-vocab-size",
+                  str(a.draft_vocab), "--out", str(out / "vocab"), log=out / "vocab.log")
     dt, text = stage("train", "--model", str(model), "--data", str(out / "prepared"),
-                     "--hidden-states", str(out / "hidden_states_b8"), "--vocab", str(out / "vocab"),
-                     "--out", str(out / "checkpoints"), "--aux-layers", aux, "--draft-vocab-size", "1024",
-                     "--epochs", "1", "--max-steps", str(a.train_steps), "--total-seq-len", "8192",
+                     "--hidden-states", str(out / f"hidden_states_b{a.batch}_overlap"), "--vocab", str(out / "vocab"),
+                     "--out", str(out / "checkpoints"), "--aux-layers", aux_s, "--draft-vocab-size",
+                     str(a.draft_vocab), "--epochs", "1", "--max-steps", str(a.train_steps), "--total-seq-len", "8192",
                      "--device", a.device, "--draft-attn-impl", a.attn, "--loss-implementation", "eager",
                      log=out / "train.log")
     tps = [float(x) for x in re.findall(r"profile/tokens_per_s=([\d.e+]+)", text)]
     steady = tps[1:] or tps
     med = statistics.median(steady) if steady else float("nan")
-    results.update(train_tokens_per_s_median=med, train_steps_logged=len(tps), train_stage_s=dt, attn=a.attn)
+    # Offline acceptance: speculators' validation pass, per draft position (full_acc_k: all k+1 first
+    # drafted tokens right = the chance a k+1-token draft is accepted whole under greedy verification).
+    val = {k: float(v) for k, v in re.findall(r"val/(full_acc_\d+)_epoch=([\d.e+-]+)", text)}
+    results.update(train_tokens_per_s_median=med, train_steps_logged=len(tps), train_stage_s=dt, attn=a.attn,
+                   offline_acceptance=val)
     print(f"train ({a.attn}, eager loss, {a.train_steps} steps): median {med:.0f} tokens/s after step 0 "
           f"({len(tps)} steps logged); stage {dt:.1f}s incl. step-0 compile")
-    print(f"train / extract(batch 8) token rate: {med / rates[8]:.2f}x")
+    print(f"offline acceptance (validation, per position): {val or 'no val/ lines logged'}")
+    results["wall_s"] = time.perf_counter() - t0
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(f"gpu_stages: results in {out / 'results.json'}")
 

@@ -1,6 +1,6 @@
 """status_web: the lab's status page, JSON API and Prometheus metrics (a Flask app factory).
 
-`lab web` serves it (py/eaglelab/commands/web.py); `create_app(lab)` builds it for tests and
+`lab web` serves it (py/eaglelab/control/commands/web.py); `create_app(lab)` builds it for tests and
 embedding. Modules: app (routes, tokens), snapshot (background refresh), model (status -> what the
 pages show, pure), svg (charts, pure), metrics (/metrics).
 """

@@ -1,4 +1,4 @@
-"""The status page: one Flask app over the same core as the CLI (eaglelab.status.collect, Lab).
+"""The status page: one Flask app over the same core as the CLI (eaglelab.control.status.collect, Lab).
 
 Views only read the background snapshot (snapshot.py), turn it into a view model (model.py) and
 render; Jinja autoescapes every value. Reading needs no token unless `read_token` is set; actions
@@ -8,7 +8,9 @@ render; Jinja autoescapes every value. Reading needs no token unless `read_token
 from __future__ import annotations
 
 import hmac
+import json
 import io
+from urllib.parse import urlencode
 import os
 import threading
 import time
@@ -19,7 +21,7 @@ from flask import Flask, Response, abort, g, jsonify, redirect, render_template,
 
 from . import metrics as metrics_mod
 from . import model, svg
-from .snapshot import ProcessSnapshot, Snapshot
+from .snapshot import ProcessSnapshot, Snapshot, serve_refreshes
 
 LOG_TAIL_BYTES = 64 * 1024
 ACTION_WAIT_S = 10.0
@@ -27,47 +29,72 @@ ACTION_WAIT_S = 10.0
 
 @dataclass
 class WebState:
-    lab: object | None  # eaglelab.lab.Lab (None: read-only, e.g. a replayed status)
+    lab: object | None  # eaglelab.control.lab.Lab (None: read-only, e.g. a replayed status)
     snapshot: Snapshot | ProcessSnapshot
     token: str | None
     read_token: bool
+    allowed_hosts: frozenset[str]  # Host header names answered (without the port)
 
 
 def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
                source: Callable[[], dict] | None = None, token: str | None = None, read_token: bool = False,
                refresh_s: float = 2.0, start: bool = True, clock: Callable[[], float] = time.time,
-               refresher: str = "thread", ask_hosts: bool = True) -> Flask:
+               refresher: str = "thread", ask_hosts: bool = True, bind_host: str | None = None,
+               allowed_hosts: list[str] | None = None) -> Flask:
     """The app for a lab (or Lab.load(conf, profile)). `source` replaces collect(lab) (benchmarks,
     tests); `token` defaults to the env var named by lab.yaml's web.token_env; `start=False` leaves
     the background refresh to the caller (app.extensions['eaglelab'].snapshot.refresh_now()).
     refresher="process" (what `lab web` uses) refreshes in a child process: see snapshot.py.
-    ask_hosts=False reads the registry only (benchmarks)."""
+    ask_hosts=False reads the registry only (benchmarks). Requests are answered only for a Host
+    header naming `bind_host`, localhost, 127.0.0.1, ::1 or one of `allowed_hosts` (default:
+    lab.yaml web.allowed_hosts): a DNS-rebinding page's requests name its own domain."""
     source_given = source is not None
     if lab is None and source is None:
-        from eaglelab.lab import Lab
+        from eaglelab.control.lab import Lab
         lab = Lab.load(conf, profile)
     if source is None:
-        from eaglelab.status import collect
-        source = lambda: collect(lab, refresh=ask_hosts)  # noqa: E731
+        from eaglelab.control.status import collect
+        from .outcome import OutcomeReader
+        outcome_of = OutcomeReader(lab)
+
+        def source() -> dict:
+            status = collect(lab, refresh=ask_hosts)
+            try:
+                return outcome_of(status)
+            except Exception as e:  # noqa: BLE001 - the status still serves; the banner says why
+                status["outcome"] = {"verdict": "NOT MEASURED", "reasons": [f"outcome unreadable: {e}"[:300]]}
+                return status
     if token is None and lab is not None:
         token = os.environ.get(lab.cfg.lab.web.token_env) or None
     local_hosts = (lambda: {n for n, h in lab.cfg.hosts.items() if h.reach == "local"}) if lab else set
     if refresher == "process":
         if lab is None or source_given:
             raise ValueError("refresher='process' needs a lab loaded from its conf (no `source`)")
-        snap = ProcessSnapshot({"conf": str(lab.cfg.conf_dir), "profile": lab.cfg.profile, "token": token,
+        snap = ProcessSnapshot(_refresher_main, {"conf": str(lab.cfg.conf_dir), "profile": lab.cfg.profile, "token": token,
                                 "read_token": read_token, "ask_hosts": ask_hosts}, refresh_s)
     else:
         snap = Snapshot(source, refresh_s, local_hosts=local_hosts, clock=clock)
 
+    if allowed_hosts is None:
+        allowed_hosts = list(lab.cfg.lab.web.allowed_hosts) if lab is not None else []
+    names = {"localhost", "127.0.0.1", "::1", *(h.lower() for h in allowed_hosts)}
+    if bind_host and bind_host not in ("0.0.0.0", "::"):
+        names.add(bind_host.lower())
+
     app = Flask(__name__)
     app.config["JSON_SORT_KEYS"] = False
-    state = WebState(lab, snap, token or None, read_token)
+    state = WebState(lab, snap, token or None, read_token, frozenset(names))
     app.extensions["eaglelab"] = state
     _routes(app, state, clock)
     if start:
         snap.start()
     return app
+
+
+def _refresher_main(conn, child_args: dict, interval_s: float) -> None:
+    """The refresher process (ProcessSnapshot): the same app, refreshed in-thread, sent as bytes."""
+    app = create_app(**child_args, refresh_s=interval_s, start=False, refresher="thread")
+    serve_refreshes(conn, app.extensions["eaglelab"].snapshot, interval_s)
 
 
 def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
@@ -87,14 +114,22 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
         return resp
 
     @app.before_request
+    def _host_gate():
+        if host_name(request.host) not in st.allowed_hosts:
+            return _json_error(421, f"this server does not answer for Host {request.host!r}; add the name to "
+                                    "lab.yaml web.allowed_hosts to open the page by it")
+        return None
+
+    @app.before_request
     def _reading_gate():
         if not st.read_token or request.endpoint in ("static", "healthz"):
             return None
         q = request.args.get("token")
         if q and st.token and hmac.compare_digest(q.encode(), st.token.encode()) and request.method == "GET":
-            # a browser cannot send a header on navigation: trade the query for a cookie once
-            args = {k: v for k, v in request.args.items() if k != "token"}
-            resp = redirect(url_for(request.endpoint, **(request.view_args or {}), **args))
+            # a browser cannot send a header on navigation: trade the query for a cookie once, and
+            # go back to the same path without it (never through url_for: any query key is allowed)
+            rest = urlencode([(k, v) for k, v in request.args.items(multi=True) if k != "token"])
+            resp = redirect(request.path + (f"?{rest}" if rest else ""))
             resp.set_cookie("eaglelab_token", q, httponly=True, samesite="Strict")
             return resp
         if not bearer_ok():
@@ -176,8 +211,10 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
                     hs.append(model.guarded(lambda: {**h, "gpu_rows": model.gpus_view(h),
                                                      "since": model.fmt_clock(model.ts(h.get("unreachable_since")), now),
                                                      "checked": model.fmt_clock(model.ts(h.get("checked_at")), now),
-                                                     "disk": model.fmt_bytes(model.num(h.get("free_disk_bytes")))},
-                                            {"name": str(h.get("name")), "gpu_rows": []}))
+                                                     "disk": model.fmt_bytes(model.num(h.get("free_disk_bytes"))),
+                                                     "load_text": model.load_view(h.get("load")),
+                                                     "running": model.running_on(status, h.get("name"))},
+                                            {"name": str(h.get("name")), "gpu_rows": [], "running": []}))
             return {"hosts": hs}
         return page("hosts.html", (), build)
 
@@ -190,11 +227,13 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
 
         def build(status, now):
             tail, tail_note = _log_tail(st, status, run)
+            plots, constants = model.split_metrics(model.metric_series(run.get("log_state")))
             ctx = model.guarded(lambda: {
                 "phases": model.phases_view(run.get("log_state")),
                 "charts": [{**m, "svg": svg.line_chart(m["points"], title=m["name"], x_label="step",
                                                         y_label=m["name"].rsplit("/", 1)[-1], y_from_zero=False)}
-                           for m in model.metric_series(run.get("log_state"))],
+                           for m in plots],
+                "constants": constants,
                 "preflight": model.preflight_view(run), "exit": model.exit_view(run),
                 "cell": model.cell({"name": run.get("stage"), "host": run.get("host"), "state": run.get("state")},
                                    run, {}, now),
@@ -230,8 +269,12 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
         run = _find_run(s.status, run_id)
         if run is None:
             return _json_error(404, f"no run {run_id!r}")
-        tail, note = _log_tail(st, s.status, run)
-        return jsonify({"schema": 1, "run": run, "log_tail": tail, "log_tail_note": note})
+
+        def build() -> bytes:
+            tail, note = _log_tail(st, s.status, run)
+            return json.dumps({"schema": 1, "run": run, "log_tail": tail, "log_tail_note": note},
+                              separators=(",", ":"), default=str).encode()
+        return send(s.cached(("api_run", run_id), build), "application/json")
 
     @app.get("/metrics")
     def metrics():
@@ -277,6 +320,14 @@ def overview_ctx(status: dict, now: float) -> dict:
                                          y_label=p["y_label"], css_class="chart rate")}
              for p in model.rate_plots(status)]
     return {"ov": ov, "tl": tl, "gantt": svg.gantt(tl), "plots": plots, "profile": status.get("profile")}
+
+
+def host_name(host: str) -> str:
+    """The name in a Host header, without the port (IPv6 brackets dropped), lower case."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 def _find_run(status: dict, run_id: str) -> dict | None:

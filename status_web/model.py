@@ -1,4 +1,4 @@
-"""From the status object (eaglelab.status.collect, schema 1) to what the pages show. Pure: the
+"""From the status object (eaglelab.control.status.collect, schema 1) to what the pages show. Pure: the
 status dict and `now` in, plain dicts out; no I/O, no Flask.
 
 Every field is read defensively: a run record from an old version, a half-written state file or a
@@ -106,7 +106,7 @@ def eta_view(fin: dict | None, now: float, source: str = "") -> dict | None:
     if not fin:
         return None
     rng = ""
-    if fin.get("low") is not None and fin.get("high") is not None:
+    if fin.get("low") is not None and fin.get("high") is not None and fin["high"] > now:
         lo, hi = fmt_clock(fin["low"], now), fmt_clock(fin["high"], now)
         # within one minute the clock says nothing: give the range as time from now
         rng = f"{lo}–{hi}" if lo != hi else f"{fmt_duration(fin['low'] - now)}–{fmt_duration(fin['high'] - now)}"
@@ -164,7 +164,9 @@ def cell(stage: dict, run: dict | None, hosts: dict[str, dict], now: float) -> d
     state = str(stage.get("state") or "pending")
     host = hosts.get(stage.get("host"), {})
     failure = mapping(ls.get("failure"))
-    fin, src = run_finish(run, stage, now) if state in ("running", "stalled", "unreachable") else (None, "")
+    service = serving_view(stage, run, now) if state == "running" else None
+    fin, src = run_finish(run, stage, now) if state in ("running", "stalled", "unreachable") and not service \
+        else (None, "")
     detail = ""
     if run.get("signal"):
         detail = f"signal {run['signal']}"
@@ -175,7 +177,8 @@ def cell(stage: dict, run: dict | None, hosts: dict[str, dict], now: float) -> d
     return {
         "stage": str(stage.get("name")), "host": str(stage.get("host")), "state": state,
         "run_id": run.get("id"), "phase": ls.get("phase") if isinstance(ls.get("phase"), str) else None,
-        "progress": progress_view(ls) if state not in ("completed",) else None,
+        "progress": progress_view(ls) if state not in ("completed",) and not service else None,
+        "service": service,
         "eta": eta_view(fin, now, src), "detail": detail,
         "failure": {"reason": str(failure.get("reason") or "other"), "message": str(failure.get("message") or "")}
         if failure else None,
@@ -203,8 +206,80 @@ def overview(status: dict, now: float) -> dict:
     for cells in rows.values():
         for c in cells:
             counts[c["state"]] = counts.get(c["state"], 0) + 1
+    pipeline = eta_view(finish_times(status.get("pipeline"), now), now, "eta")
+    if pipeline and pipeline["at"] <= now:
+        pipeline = None  # a finish time in the past is no ETA: the outcome says when it finished
+    busy = any(c["state"] in ("running", "stalled", "unreachable") and not c.get("service")
+               for cells in rows.values() for c in cells)
     return {"rows": [{"host": hosts.get(name, {"name": name}), "cells": cells} for name, cells in rows.items()],
-            "counts": counts, "pipeline": eta_view(finish_times(status.get("pipeline"), now), now, "eta")}
+            "counts": counts, "pipeline": pipeline if busy else None, "busy": busy,
+            "outcome": guarded(lambda: outcome_view(status.get("outcome"), now), {"verdict": "NOT MEASURED"})
+            if status.get("outcome") is not None else None}
+
+
+# -- the outcome (status_web/outcome.py) ----------------------------------------------------------
+
+def pct(v: Any, digits: int = 1) -> str:
+    v = num(v)
+    return "" if v is None else f"{100 * v:.{digits}f}%"
+
+
+def outcome_view(out: Any, now: float) -> dict:
+    """The banner's words and figures, and the history table's rows."""
+    out = mapping(out)
+    verdict = str(out.get("verdict") or "NOT MEASURED")
+    speedup, mal = num(out.get("speedup")), num(out.get("mean_acceptance_length"))
+    positions = [num(p) for p in out.get("per_position") or [] if num(p) is not None] \
+        if isinstance(out.get("per_position"), list) else []
+    return {
+        "verdict": verdict, "css": verdict.lower().replace(" ", "-"),
+        "reasons": [str(r) for r in out.get("reasons") or []] if isinstance(out.get("reasons"), list) else [],
+        "measured": bool(out.get("measured")), "eval_run": out.get("eval_run"),
+        "acceptance_rate": pct(out.get("acceptance_rate")),
+        "mean_acceptance_length": "" if mal is None else f"{mal:.2f}",
+        "per_position": [{"i": i + 1, "pct": pct(p, 0), "ratio": max(0.0, min(1.0, p))} for i, p in enumerate(positions)],
+        "speedup": "" if speedup is None else f"{speedup:.2f}×",
+        "tokens": (f"{num(out.get('spec_tokens_per_s')):.1f} tok/s with the drafter vs "
+                   f"{num(out.get('baseline_tokens_per_s')):.1f} without")
+        if num(out.get("spec_tokens_per_s")) is not None and num(out.get("baseline_tokens_per_s")) is not None else "",
+        "coverage": pct(out.get("coverage")),
+        "finished": fmt_clock(num(out.get("finished_at")), now),
+        "took": fmt_duration(num(out.get("took_s"))) if num(out.get("finished_at")) is not None else "",
+        "history": [{"run_id": h.get("run_id"), "ended": fmt_clock(ts(h.get("ended_at")), now),
+                     "verdict": str(h.get("verdict") or ""), "acceptance_rate": pct(h.get("acceptance_rate")),
+                     "mean_acceptance_length": "" if num(h.get("mean_acceptance_length")) is None
+                     else f"{num(h.get('mean_acceptance_length')):.2f}",
+                     "speedup": "" if num(h.get("speedup")) is None else f"{num(h.get('speedup')):.2f}×"}
+                    for h in out.get("history") or [] if isinstance(h, dict)]
+        if isinstance(out.get("history"), list) else [],
+    }
+
+
+def serving_view(stage: dict, run: dict, now: float) -> dict | None:
+    """A ready service: since when it serves and how busy it is (vLLM's periodic stats), instead of
+    its long-finished weight-loading bar and ETA."""
+    ls = mapping(run.get("log_state"))
+    if stage.get("kind") != "service" or not ls.get("ready"):
+        return None
+    start = ts(run.get("started_at"))
+    for p in ls.get("phases") or []:  # ready after the phases before `serving`
+        if not isinstance(p, dict) or p.get("name") == "serving":
+            break
+        if start is not None and num(p.get("duration_s")) is not None:
+            start += num(p["duration_s"])
+    metrics = mapping(ls.get("metrics"))
+
+    def last(name):
+        series = metrics.get(name)
+        if isinstance(series, list) and series and isinstance(series[-1], (list, tuple)) and len(series[-1]) >= 2:
+            return num(series[-1][1])
+        return None
+    gen, reqs, prompt = last("vllm/gen_tokens_per_s"), last("vllm/running_reqs"), last("vllm/prompt_tokens_per_s")
+    load = [f"{gen:.1f} tokens/s generated" if gen is not None else "",
+            f"{prompt:.1f} prompt tokens/s" if prompt is not None else "",
+            f"{reqs:.0f} requests running" if reqs is not None else ""]
+    return {"since": fmt_clock(start, now), "for": fmt_duration(now - start) if start is not None else "",
+            "load": " · ".join(x for x in load if x) or "no request stats logged yet"}
 
 
 # -- the pipeline timeline ------------------------------------------------------------------------
@@ -356,6 +431,30 @@ def rate_plots(status: dict) -> list[dict]:
 
 # -- run page -------------------------------------------------------------------------------------
 
+_POSITION = __import__("re").compile(r"acc_(\d+)")
+
+
+def metric_rank(name: str) -> tuple:
+    """Loss first, then per-position accuracy by position (they predict acceptance), then the rest
+    alphabetically (learning rates, throughput)."""
+    short = name.rsplit("/", 1)[-1]
+    pos = _POSITION.search(short)
+    if "loss" in short:
+        return (0, name.startswith("val"), name)
+    if pos:
+        return (1, name.startswith("val"), int(pos.group(1)), name)
+    if "acc" in short:
+        return (2, name)
+    return (3, name)
+
+
+def split_metrics(series: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(plots, constants): a series with one point or one value is a table row, not a plot."""
+    ordered = sorted(series, key=lambda m: metric_rank(m["name"]))
+    plots = [m for m in ordered if len({v for _, v in m["points"]}) > 1]
+    return plots, [m for m in ordered if m not in plots]
+
+
 def metric_series(log_state: Any) -> list[dict]:
     """Each metric as (step, value) points; malformed entries are dropped, not fatal."""
     out = []
@@ -380,7 +479,7 @@ def phases_view(log_state: Any) -> list[dict]:
 
 
 def preflight_view(run: dict) -> list[dict]:
-    """Preflight results (eaglelab.preflight.as_dicts: name, ok, detail, fix), when the run record or
+    """Preflight results (eaglelab.control.preflight.as_dicts: name, ok, detail, fix), when the run record or
     its state carries them."""
     raw = run.get("preflight") or mapping(run.get("log_state")).get("preflight")
     if isinstance(raw, dict):
@@ -422,13 +521,32 @@ def log_tail(data: bytes, lines: int = 60) -> list[str]:
 
 
 def gpus_view(host: dict) -> list[dict]:
+    """Each GPU: utilisation, memory, and the runs holding it (hostside.mark_gpu_holders)."""
     out = []
     for g in host.get("gpus") or [] if isinstance(host.get("gpus"), list) else []:
         if not isinstance(g, dict):
             continue
         used, total = num(g.get("memory_used_mib")), num(g.get("memory_total_mib"))
         util = num(g.get("utilization_pct"))
+        runs = [str(r) for r in g.get("runs") or []] if isinstance(g.get("runs"), list) else []
+        others = num(g.get("other_processes"))
         out.append({"index": g.get("index"), "name": str(g.get("name") or "GPU"),
-                    "util": util, "mem": f"{used / 1024:.1f} / {total / 1024:.1f} GiB" if used is not None and total
-                    else "", "mem_ratio": (used / total) if used is not None and total else None})
+                    "util": util, "util_ratio": None if util is None else max(0.0, min(1.0, util / 100)),
+                    "mem": f"{used / 1024:.1f} / {total / 1024:.1f} GiB" if used is not None and total
+                    else "", "mem_ratio": (used / total) if used is not None and total else None,
+                    "runs": runs, "others": int(others) if others else 0,
+                    "holders_known": "runs" in g})
     return out
+
+
+def load_view(load: Any) -> str:
+    """The 1/5/15-minute load averages, or "" when the host did not say."""
+    if not isinstance(load, list) or len(load) != 3 or any(num(v) is None for v in load):
+        return ""
+    return " · ".join(f"{num(v):.2f}" for v in load)
+
+
+def running_on(status: dict, host: Any) -> list[dict]:
+    return [{"id": r.get("id"), "stage": r.get("stage"), "kind": r.get("kind")}
+            for r in status.get("runs") or [] if isinstance(r, dict) and r.get("host") == host
+            and r.get("state") in ("running", "pending")]

@@ -22,21 +22,27 @@ MAX_SLOW_SHARE = 1 / 3  # a refresh that takes t seconds waits at least 2t: the 
 
 class Snap:
     """One refresh's result, immutable once published. `status` is parsed from `body` on first use
-    when the Snap came from the refresher process (the hot routes never need it)."""
+    when the Snap came from the refresher process (the hot routes never need it).
+
+    No lock here is ever held while foreign code runs: a page's build reads `status` (and may read
+    other cached keys), so `cached` only books the key under the lock and builds outside it; the
+    other askers of the same key wait for that one build."""
+
+    WAIT_S = 30.0  # an asker waits this long for another thread's build, then builds its own copy
 
     def __init__(self, version: int, status: dict | None, body: bytes, body_gz: bytes, etag: str,
                  refreshed_at: float, cache: dict | None = None):
         self.version, self.body, self.body_gz, self.etag, self.refreshed_at = version, body, body_gz, etag, refreshed_at
         self._status = status
         self.cache: dict = cache if cache is not None else {}  # rendered responses: key -> (raw, gzipped)
-        self.lock = threading.Lock()  # one render per key, not one per request
+        self._lock = threading.Lock()  # guards _building only, never held across a build or a parse
+        self._building: dict = {}  # key -> Event set when its build ends
 
     @property
     def status(self) -> dict:
         if self._status is None:
-            with self.lock:
-                if self._status is None:
-                    self._status = json.loads(self.body)
+            # two first readers may both parse: same result, and no lock to wait behind
+            self._status = json.loads(self.body)
         return self._status
 
     def cached(self, key, build: Callable[[], bytes]) -> tuple[bytes, bytes]:
@@ -44,14 +50,34 @@ class Snap:
         hit = self.cache.get(key)
         if hit is not None:
             return hit
-        with self.lock:
+        with self._lock:
             hit = self.cache.get(key)
-            if hit is None:
-                raw = build()
-                hit = (raw, gzip.compress(raw, GZIP_LEVEL, mtime=0))
-                if len(self.cache) < 512:
-                    self.cache[key] = hit
+            done = self._building.get(key) if hit is None else None
+            mine = hit is None and done is None
+            if mine:
+                done = self._building[key] = threading.Event()
+        if hit is not None:
             return hit
+        if not mine:
+            done.wait(self.WAIT_S)
+            hit = self.cache.get(key)
+            if hit is not None:
+                return hit
+            return self._build(build)  # that build failed (or is stuck): our own, not cached
+        try:
+            hit = self._build(build)
+            if len(self.cache) < 512:
+                self.cache[key] = hit
+            return hit
+        finally:
+            with self._lock:
+                self._building.pop(key, None)
+            done.set()
+
+    @staticmethod
+    def _build(build: Callable[[], bytes]) -> tuple[bytes, bytes]:
+        raw = build()
+        return raw, gzip.compress(raw, GZIP_LEVEL, mtime=0)
 
 
 class Snapshot:
@@ -156,9 +182,11 @@ def mark_state_files(status: dict, local_hosts: set[str]) -> None:
 
 class ProcessSnapshot:
     """Snapshot's interface; the refresh (collect, JSON, gzip, pre-rendered pages) runs in a child
-    process that builds the same app (status_web.create_app) and sends back only bytes."""
+    process, `child_main(conn, child_args, interval_s)` (the app's own: it builds the same app and
+    calls serve_refreshes), which sends back only bytes. Taking it as an argument keeps this module
+    free of the app it serves."""
 
-    def __init__(self, child_args: dict, interval_s: float):
+    def __init__(self, child_main: Callable, child_args: dict, interval_s: float):
         import multiprocessing as mp
         self.interval_s = interval_s
         self.warmers: list = []  # the child pre-renders
@@ -167,7 +195,7 @@ class ProcessSnapshot:
         self._fresh = threading.Condition()
         ctx = mp.get_context("spawn")  # never fork a process that has threads
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_child_main, args=(child_conn, child_args, interval_s),
+        self._proc = ctx.Process(target=child_main, args=(child_conn, child_args, interval_s),
                                  name="eaglelab-web-refresh", daemon=True)
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -230,11 +258,8 @@ class ProcessSnapshot:
             self._proc.terminate()
 
 
-def _child_main(conn, child_args: dict, interval_s: float) -> None:
-    """The refresher process: the same app, refreshed in-thread here, its Snap sent as bytes."""
-    from .app import create_app
-    app = create_app(**child_args, refresh_s=interval_s, start=False, refresher="thread")
-    snapshot = app.extensions["eaglelab"].snapshot
+def serve_refreshes(conn, snapshot: Snapshot, interval_s: float) -> None:
+    """The refresher process's loop: refresh in-thread, send each Snap as bytes, until "stop"."""
     while True:
         snap = snapshot.refresh_now()
         if snap is not None:

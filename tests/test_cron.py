@@ -182,7 +182,7 @@ def _kill_drainer(lab: TmpLab) -> None:
     pid_file = lab.logs / "locks" / "notify-drain.pid"
     try:
         pid = int(pid_file.read_text())
-        if b"eaglelab.notify" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if b"eaglelab.control.notify" in Path(f"/proc/{pid}/cmdline").read_bytes():
             os.kill(pid, signal.SIGKILL)
     except (OSError, ValueError):
         pass
@@ -291,7 +291,7 @@ def test_install_list_remove_and_bad_schedule(night: NightLab):
     assert f"EAGLELAB_CONF={night.conf}" in argv and f"PYTHONPATH={REPO}/py:{REPO}" in argv
     python = next(a for a in argv if a.endswith("/bin/python"))
     assert os.path.isabs(python) and argv[argv.index(python) + 1:argv.index(">>")] == [
-        "-m", "eaglelab.cli", "cron", "fire", "--target", "pipeline"]
+        "-m", "eaglelab.control.cli", "cron", "fire", "--target", "pipeline"]
     assert argv[argv.index(">>") + 1] == f"{night.cron_dir}/cron.out" and argv[-1] == "2>&1"
 
     listed = json.loads(night.ns_lab("cron", "list", "--json").stdout)

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from eaglelab.commands.eta import COMMANDS, eta_group
+from eaglelab.control.commands.eta import COMMANDS, eta_group
 from eaglelab.errors import RegistryError
-from eaglelab.eta import (BarTracker, History, TqdmEma, annotate, estimate_bar, phase_estimate,
+from eaglelab.eta import (BarTracker, History, TqdmEma, annotate, bar_eta, estimate_bar, phase_estimate,
                           run_duration_estimate)
-from eaglelab.eta_replay import replay
+from eaglelab.eta.replay import replay
 from eaglelab.fsutil import parse_iso
 
 FIXTURE = Path(__file__).parent / "fixtures" / "eta_replay.log"
@@ -220,6 +220,36 @@ def test_replay_timestamp_clock_and_bad_bytes(tmp_path):
     assert shards[-1]["tqdm_eta_s"] is None
 
 
+def test_request_completion_bar_is_estimated_in_waves_not_from_its_first_item():
+    # vLLM's offline `Processed prompts`: the first completion after 87 s, the other 999 at 88 s.
+    # Straight extrapolation says 999 x 87 s; the waves model says a few waves, and its range
+    # reaches down to "now" (issue #15: 84,041 s predicted for a bar that ended 88 s in).
+    first = [(0, 1000, 0.0, None), (1, 1000, 87.0, 87.0)]
+    eta, low, high = bar_eta(first, 1000, "Processed prompts")
+    assert low == 0.0 and eta < 4 * 87.0 and high >= 999 * 87.0 * 0.9
+    shards = bar_eta(first, 1000, "Loading safetensors checkpoint shards")
+    assert shards[0] > 900 * 87.0  # a bar of sequential items keeps its per-item extrapolation
+
+
+def test_replay_reads_frames_that_share_a_line_with_log_records(tmp_path):
+    frames = [f"Training:  {k}%|#| {k}/64 [00:{10 + 2 * k:02d}<00:30,  2.00s/it, loss=1.0]"
+              f"2026-07-07 22:20:{k:02d} | INFO | __main__ | epoch=0 step={k} loss=1.0" for k in range(1, 9)]
+    rows = list(replay(frames))
+    assert [r.n for r in rows] == list(range(1, 9)) and rows[-1].eta_s is not None
+
+
+def test_state_json_eta_is_the_replays(tmp_path):
+    from eaglelab.host.tail.whole import parse_file
+
+    log = tmp_path / "bar.log"
+    log.write_text("".join(f"Loading: {k}%| | {k}/40 [00:{5 * k:02d}<0{(40 - k) // 12}:00,  5.0s/it]\n"
+                           for k in range(1, 12)))
+    prog = parse_file(log)["progress"]
+    last = list(replay(log.read_text().splitlines()))[-1]
+    assert prog["eta_s"] == pytest.approx(last.eta_s, abs=0.1)
+    assert prog["eta_low_s"] == pytest.approx(last.eta_low_s, abs=0.1)
+
+
 def test_replay_missing_file_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(eta_group, ["replay", str(tmp_path / "nope.log"), "--json"])
     assert result.exit_code == 2 and "nope.log" in result.output
@@ -350,7 +380,7 @@ def test_bad_history_names_the_key():
 
 
 def test_history_from_registry_phase_rows_and_status_runs():
-    # The registry's flat rows (eaglelab.runs.Registry.phase_history) group into runs.
+    # The registry's flat rows (eaglelab.control.registry.Registry.phase_history) group into runs.
     rows = [{"run_id": "extract-a", "stage": "extract", "host": "gpu1", "profile": "demo", "phase": p,
              "duration_s": d, "items": None, "rate_s_per_item": None, "ended_at": None}
             for p, d in (("server_start", 60), ("weights_loading", 600), ("graph_capture", 100), ("extraction", 240))]

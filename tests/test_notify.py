@@ -15,14 +15,14 @@ import pytest
 
 from conftest import REPO, TmpLab
 from test_cron import Receiver, _kill_drainer
-from eaglelab import cron as cronlib
-from eaglelab import notify
+from eaglelab.control import cron as cronlib
+from eaglelab.control import notify
 from eaglelab.errors import EaglelabError
-from eaglelab.plan import propagate
+from eaglelab.control.plan import propagate
 
 POLLER = """
 import sys, time
-from eaglelab.lab import Lab
+from eaglelab.control.lab import Lab
 lab = Lab.load()
 stage, until = sys.argv[1], sys.argv[2]
 deadline = time.time() + 60

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from eaglelab.parse.failures import FailureRecognizer, classify
-from eaglelab.parse.state import LogState, combine_with_exit
-from eaglelab.tail.whole import parse_bytes
+from eaglelab.host.parse.failures import FailureRecognizer, classify
+from eaglelab.host.parse.state import LogState, combine_with_exit
+from eaglelab.host.tail.whole import parse_bytes
 
 
 def state_of(text: str) -> dict:
@@ -32,7 +32,10 @@ def state_of(text: str) -> dict:
     ("TimeoutError: Timed out waiting for the engine to start", "timeout"),
     ("httpx.ReadTimeout: timed out", "timeout"),
     ("ValueError: --draft-vocab-size 40000 exceeds the target vocab", "python_exception"),
-    ("RuntimeError: CUDA error: device-side assert triggered", "python_exception"),
+    ("RuntimeError: CUDA error: device-side assert triggered", "cuda_error"),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", "cuda_error"),
+    ("RuntimeError: cuda runtime error (2) : out of memory at /pytorch/THC/THCStorage.cu:66", "cuda_oom"),
+    ("requests.exceptions.ReadTimeout: (ReadTimeoutError(\"HTTPSConnectionPool(host='hf.co', port=443): Read timed out.\"))", "timeout"),
     ("jobwrap: cannot start 'speculators' in '/srv': [Errno 2] No such file or directory: 'speculators'", "other"),
     ("Segmentation fault (core dumped)", "other"),
     ("Fatal Python error: Aborted", "other"),
@@ -42,6 +45,66 @@ def test_each_reason(line, reason):
     assert s["state"] == "failed"
     assert s["failure"]["reason"] == reason
     assert s["failure"]["line"] == 2
+
+
+# Classes of misses seen on public logs (issue #15): each a shape, not an example.
+def test_a_cpp_abort_is_a_failure_named_by_its_what_line():
+    log = ("Epoch 0:   3%|3         | 1/29 [00:23<11:10, 23.93s/it]\n"
+           "terminate called after throwing an instance of 'c10::CUDAError'\n"
+           "  what():  CUDA error: device-side assert triggered\n"
+           "Exception raised from createEvent at ../aten/src/ATen/cuda/CUDAEvent.h:166 (most recent call first):\n"
+           "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x42 (0x7fc7 in libc10.so)\n")
+    s = state_of(log)
+    assert s["state"] == "failed" and s["failure"]["reason"] == "cuda_error" and s["failure"]["line"] == 2
+
+
+def test_a_worker_error_line_naming_the_cause_before_its_traceback():
+    log = ("(VllmWorkerProcess pid=232) ERROR 08-23 08:25:25 multiproc_worker_utils.py:226] Exception in worker "
+           "VllmWorkerProcess while processing method init_device: NCCL error: unhandled system error (run with "
+           "NCCL_DEBUG=INFO for details), Traceback (most recent call last):\n"
+           '(VllmWorkerProcess pid=232) ERROR 08-23 08:25:25 multiproc_worker_utils.py:226]   File "/w.py", line 223, in run\n'
+           "(VllmWorkerProcess pid=232) ERROR 08-23 08:25:25 multiproc_worker_utils.py:226]     output = executor()\n")
+    s = state_of(log)
+    assert s["state"] == "failed" and s["failure"]["reason"] == "nccl_error" and s["failure"]["line"] == 1
+
+
+@pytest.mark.parametrize("first", ["Traceback (most recent call last):", '  File "/srv/a.py", line 3, in <module>'])
+def test_a_finished_log_that_ends_inside_a_traceback_failed(first):
+    log = ("Epoch 10:   0%|          | 0/5878 [00:00<?, ?it/s]\n"
+           f"{first}\n"
+           '  File "/srv/train.py", line 112, in train\n'
+           "    trainer.fit(model)\n")
+    s = state_of(log)
+    assert s["state"] == "failed" and s["failure"]["reason"] == "python_exception" and s["failure"]["line"] == 2
+    live = LogState()  # a live tail that has not seen the end is not told the run failed
+    for i, line in enumerate(log.splitlines(), 1):
+        live.feed_line(line, i, now=1000.0 + i)
+    assert live.snapshot(now=1010.0, alive=True)["state"] == "running"
+
+
+def test_a_workflow_engines_prefix_does_not_hide_a_traceback():
+    pre = "2023-04-29 06:01:12.977 [177/train/578 (pid 28936)] [09c561ee-a44c-4795-967c-7183a83b3160] "
+    log = (f"{pre}2023-04-29 06:01:12 ERROR [__main__] main failed\n"
+           f"{pre}Traceback (most recent call last):\n"
+           f'{pre}  File "/opt/conda/lib/python3.7/site-packages/torch/serialization.py", line 379, in save\n'
+           f"{pre}    _save(obj, opened_zipfile, pickle_module, pickle_protocol)\n"
+           f"{pre}OSError: [Errno 28] No space left on device\n")
+    s = state_of(log)
+    assert s["state"] == "failed" and s["failure"]["reason"] == "disk_full" and s["failure"]["line"] == 5
+
+
+def test_a_retried_timeout_warning_is_not_a_failure_but_a_raised_one_is():
+    retried = ("'(ReadTimeoutError(\"HTTPSConnectionPool(host='huggingface.co', port=443): Read timed out. "
+               "(read timeout=10)\"), '(Request ID: 7d76)')' thrown while requesting HEAD https://huggingface.co/x\n")
+    assert state_of(retried)["state"] != "failed"
+    raised = "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='hf.co', port=443): Read timed out.\n"
+    assert state_of(raised)["failure"]["reason"] == "timeout"
+
+
+def test_a_bar_redrawn_after_the_error_does_not_survive_it():
+    log = ("requests.exceptions.ConnectionError: HTTPSConnectionPool(host='cdn', port=443): Read timed out.\n"
+           "Downloading (…)l-00001-of-00003.bin:  48%|####8     | 4.70G/9.88G [00:22<03:06, 27.8MB/s]\n")
+    assert state_of(log)["state"] == "failed"
 
 
 def test_a_traceback_gives_its_exception_line_and_reason():

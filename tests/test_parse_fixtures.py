@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from eaglelab.commands.parse import parse_cmd
-from eaglelab.tail.whole import parse_file
+from eaglelab.control.commands.parse import parse_cmd
+from eaglelab.host.tail.whole import parse_file
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 PUBLIC = LOGS / "public"
@@ -36,7 +36,9 @@ EXPECTED = {
     "vllm_request_errors_server_lives.log": ("running", None, None, "serving"),
     "openai_retrying_requests.log": ("running", None, None, None),
     "vllm_shutdown_sigint.log": ("running", None, None, None),
-    "vllm_v1_worker_exception.log": ("running", None, None, None),  # the traceback was cut before its end
+    # the log ends inside the worker's traceback (its exception line cut): a finished file that ends
+    # inside a traceback is a failure (issue #15)
+    "vllm_v1_worker_exception.log": ("failed", "python_exception", None, None),
     "vllm_stats_apiserver.log": ("running", None, None, None),
     "vllm_specdecode_metrics.log": ("running", None, None, None),
     "vllm_docker_timestamps.log": ("running", None, None, None),
@@ -86,8 +88,8 @@ def test_failure_names_the_line_that_says_it():
 def test_slow_shard_load_keeps_the_bar_history_for_the_eta():
     s = parse_file(PUBLIC / "vllm_tp_slow_shards.log", include_history=True)
     (bar,) = s["progress_bars"]
-    assert [h[0] for h in bar["history"]] == list(range(22, 34))
-    assert bar["prefix"] is None and bar["history"][0] == [22, 85, 563.0]
+    assert [n for _elapsed, n in bar["history"]] == list(range(22, 34))  # [elapsed_s, n], as progress.history
+    assert bar["prefix"] is None and bar["history"][0] == [563.0, 22]
     prog = s["progress"]
     assert prog["rate_s_per_it"] == 31.18 and prog["tqdm_remaining_s"] == 27 * 60 + 1
     # eta_s is eaglelab.eta's estimate from the whole history (issue 4), with its range.
@@ -98,7 +100,7 @@ def test_interleaved_bars_are_kept_apart():
     s = parse_file(PUBLIC / "vllm_omni_interleaved_bars.log", include_history=True)
     bars = {b["label"]: b for b in s["progress_bars"]}
     assert bars["Multi-thread loading shards"]["n"] == 24
-    assert [h[0] for h in bars["Loading safetensors checkpoint shards"]["history"]] == [8, 9, 10, 11, 12, 13]
+    assert [n for _e, n in bars["Loading safetensors checkpoint shards"]["history"]] == [8, 9, 10, 11, 12, 13]
 
 
 def test_durations_from_the_log_itself():

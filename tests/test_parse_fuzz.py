@@ -7,10 +7,10 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eaglelab.parse.progress import parse_progress
-from eaglelab.parse.state import LogState
-from eaglelab.tail.frames import FrameSplitter
-from eaglelab.tail.whole import parse_chunks
+from eaglelab.host.parse.progress import parse_progress
+from eaglelab.host.parse.state import LogState
+from eaglelab.host.tail.frames import FrameSplitter
+from eaglelab.host.tail.whole import parse_chunks
 
 # Pieces of real log lines, so that random mixes reach deep into the recognizers.
 PIECES = [
@@ -100,7 +100,7 @@ def test_mixes_of_real_pieces_never_make_a_recognizer_raise(pieces):
 def test_reading_a_file_through_one_buffer_equals_feeding_chunks(parts, chunk):
     import tempfile
 
-    from eaglelab.tail.whole import parse_file
+    from eaglelab.host.tail.whole import parse_file
 
     data = b"".join(parts)
     with tempfile.NamedTemporaryFile() as f:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from eaglelab.parse import markers
-from eaglelab.parse.records import LogClock, parse_record
-from eaglelab.parse.state import LogState
-from eaglelab.parse.stall import STALL_MIN_S, check_stall
-from eaglelab.tail.whole import parse_bytes
+from eaglelab.host.parse import markers
+from eaglelab.host.parse.records import LogClock, parse_record
+from eaglelab.host.parse.state import LogState
+from eaglelab.host.parse.stall import STALL_MIN_S, check_stall
+from eaglelab.host.tail.whole import parse_bytes
 
 
 @pytest.mark.parametrize("line,level,message,time", [

@@ -7,7 +7,7 @@ import io
 import pytest
 from tqdm import tqdm
 
-from eaglelab.parse.progress import parse_progress, parse_time
+from eaglelab.host.parse.progress import parse_progress, parse_time
 
 
 def frames_of(**kw) -> list[str]:
@@ -130,7 +130,7 @@ def test_rate_flipping_between_s_per_it_and_it_per_s_is_normalised():
 
 
 def test_nested_bars_from_real_tqdm_are_kept_apart():
-    from eaglelab.tail.whole import parse_bytes
+    from eaglelab.host.tail.whole import parse_bytes
 
     buf = io.StringIO()
     with tqdm(total=2, desc="Epoch", file=buf, mininterval=0, position=0) as outer:
@@ -162,7 +162,7 @@ def test_nested_bars_from_real_tqdm_are_kept_apart():
     ("12:30:01 INFO x", "", "12:30:01 INFO x"),
 ])
 def test_process_prefixes(line, prefix, message):
-    from eaglelab.parse.prefixes import split_prefix
+    from eaglelab.host.parse.prefixes import split_prefix
 
     s = split_prefix(line)
     assert (s.prefix, s.message) == (prefix, message)

@@ -9,12 +9,12 @@ import sys
 import textwrap
 import time
 
-from eaglelab.runs import Registry
+from eaglelab.control.registry import Registry
 
 WRITER = textwrap.dedent("""\
     import sys
     sys.path.insert(0, {py!r})
-    from eaglelab.runs import Registry
+    from eaglelab.control.registry import Registry
     reg = Registry({db!r})
     who, n = sys.argv[1], int(sys.argv[2])
     for i in range(n):

@@ -185,7 +185,7 @@ def test_final_state_covers_the_log_even_when_the_live_tailer_fell_short(tmp_pat
     the end is recorded only after the state covers the whole log."""
     import threading
 
-    from eaglelab import jobwrap
+    from eaglelab.host import jobwrap
     from eaglelab.fsutil import atomic_write_json
 
     run_dir = tmp_path / "run"

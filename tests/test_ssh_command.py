@@ -10,8 +10,8 @@ import pytest
 
 from eaglelab.config import HostConfig, SshConfig
 from eaglelab.errors import HostError
-from eaglelab.executors.ssh import SshExecutor, remote_rel
-from eaglelab.mirror import LogMirror, safe_name
+from eaglelab.control.executors.ssh import SshExecutor, remote_rel
+from eaglelab.control.mirror import LogMirror, safe_name
 
 HOSTILE = ["; rm -rf /", "$(touch /tmp/x)", "`id`", "a'b", 'a"b', "\\", "*", "\n", "--", "-oProxyCommand=x"]
 
@@ -27,7 +27,7 @@ def test_remote_command_is_one_quoted_argv(tmp_path, value):
     ex = executor(tmp_path)
     args = {"work_dir": value, "spec": {"command": [value, "x"], "host": value}}
     argv = shlex.split(ex.remote_command("launch", args))  # what a POSIX shell on the host makes of it
-    assert argv == ["env", "PYTHONPATH=eaglelab/py", "eaglelab/.venv/bin/python", "-m", "eaglelab.hostside",
+    assert argv == ["env", "PYTHONPATH=eaglelab/py", "eaglelab/.venv/bin/python", "-m", "eaglelab.host.hostside",
                     "launch", json.dumps(args)]
     assert json.loads(argv[-1]) == args
 

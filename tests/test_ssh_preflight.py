@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglelab import preflight
+from eaglelab.control import preflight
 from eaglelab.config import StageConfig
 from eaglelab.errors import StageError
 

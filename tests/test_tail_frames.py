@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eaglelab.tail.frames import FrameSplitter
+from eaglelab.host.tail.frames import FrameSplitter
 
 
 class Sink:

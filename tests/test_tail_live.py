@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from eaglelab.commands.parse import tail_cmd
+from eaglelab.control.commands.parse import tail_cmd
 from eaglelab.fsutil import read_json
-from eaglelab.tail import follow_run, run_state
-from eaglelab.tail.run import RunFollower
+from eaglelab.host.tail import follow_run, run_state
+from eaglelab.host.tail.run import RunFollower
 
 from conftest import wait_for as _wait_for
 

@@ -258,7 +258,7 @@ class SshLab:
         return env
 
     def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "eaglelab.cli", *args]
+        return [sys.executable, "-m", "eaglelab.control.cli", *args]
 
     def lab(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         p = subprocess.run(self.argv(*args), capture_output=True, text=True, env=self.env(), timeout=timeout,
@@ -277,7 +277,7 @@ class SshLab:
 
     def core(self):
         """An in-process Lab on this config (its executors are closed at teardown)."""
-        from eaglelab.lab import Lab
+        from eaglelab.control.lab import Lab
         lab = Lab.load(str(self.conf))
         self._labs.append(lab)
         return lab

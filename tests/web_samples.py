@@ -1,4 +1,4 @@
-"""Status objects (schema 1, as eaglelab.status.collect returns them) for the web tests: a lab in
+"""Status objects (schema 1, as eaglelab.control.status.collect returns them) for the web tests: a lab in
 the middle of the seeds' pipeline, with the odd records a real lab produces."""
 
 from __future__ import annotations

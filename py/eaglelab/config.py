@@ -45,10 +45,45 @@ class SshConfig(_Strict):
     command_timeout_s: float = 60  # a remote call that takes longer counts as the host not answering
 
 
+class SlurmOptions(_Strict):
+    """sbatch options; the host's `slurm:` block sets them for every stage, a stage's `slurm:` overrides."""
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None  # --time, Slurm's format: "MM", "HH:MM:SS", "D-HH:MM"
+    cpus: int | None = None  # --cpus-per-task
+    mem: str | None = None  # --mem per node: "16G", "500M"
+    gpus: int | None = None  # GPUs per node (default: the stage's `gpus`)
+    gpu_flag: Literal["gres", "gpus"] | None = None  # --gres=gpu:N (default) or --gpus-per-node=N
+    nodes: int | None = None  # >1: srun + torchrun over the nodes, rendezvous on the first
+    requeue: bool | None = None  # preempted/failed node: Slurm requeues, the stage resumes (default yes)
+    extra_args: list[str] = []  # more sbatch options, one argv item each ("--constraint=a100")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _options_only(cls, v):
+        bad = [a for a in v if not a.startswith("-")]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an sbatch option; write options as --name=value")
+        return v
+
+    @field_validator("partition", "account", "qos", "time", "mem")
+    @classmethod
+    def _no_dash(cls, v):
+        if v is not None and (v.startswith("-") or not v.strip()):
+            raise ValueError(f"{v!r}: a value may not be empty or start with '-'")
+        return v
+
+
+class SlurmHostConfig(SlurmOptions):
+    requeue: bool | None = True
+
+
 class HostConfig(_Strict):
     name: str = ""
-    reach: Literal["local", "ssh"] = "local"
-    ssh: SshConfig | None = None  # required when reach == ssh
+    reach: Literal["local", "ssh", "slurm"] = "local"
+    ssh: SshConfig | None = None  # required when reach == ssh; with reach: slurm, the login node (else this machine)
+    slurm: SlurmHostConfig | None = None  # required when reach == slurm: sbatch defaults; work_dir must be shared
     work_dir: str = "logs/local"  # run directories live in <work_dir>/runs; relative = to repo_dir
     repo_dir: str = "."  # where the project is checked out on the host; relative = this repo
     python: str = ".venv/bin/python"  # interpreter with eaglelab installed; relative = to repo_dir
@@ -64,6 +99,20 @@ class HostConfig(_Strict):
         if info.data.get("reach") == "ssh" and v is None:
             raise ValueError("reach: ssh needs an `ssh:` block with at least `host:`")
         return v
+
+
+def slurm_options(host: "HostConfig", stage: "StageConfig | None" = None) -> dict:
+    """The host's sbatch defaults with the stage's overrides; GPUs default to the stage's `gpus`."""
+    opts = (host.slurm or SlurmHostConfig()).model_dump()
+    if stage is not None:
+        if stage.gpus:
+            opts["gpus"] = stage.gpus
+        if stage.slurm is not None:
+            own = stage.slurm.model_dump(exclude_unset=True)
+            extra = own.pop("extra_args", [])
+            opts.update(own)
+            opts["extra_args"] = [*opts.get("extra_args", []), *extra]
+    return opts
 
 
 class WebhookConfig(_Strict):
@@ -82,6 +131,9 @@ class WebConfig(_Strict):
     host: str = "127.0.0.1"  # the LAN only when asked for
     port: int = 8765
     token_env: str = "EAGLELAB_TOKEN"  # env var holding the bearer token for POST actions
+    # Host headers answered besides the bind address, localhost and 127.0.0.1 (the names and
+    # addresses LAN users type); any other is refused, so a DNS-rebinding page cannot read the lab
+    allowed_hosts: list[str] = []
 
 
 class LabConfig(_Strict):
@@ -111,6 +163,7 @@ class StageConfig(_Strict):
     gpus: int = 0  # GPUs it needs on its host; services holding them are stopped first
     ready: ReadyConfig | None = None  # services only
     stop_grace_s: float = 30  # TERM, then KILL after this long
+    slurm: SlurmOptions | None = None  # on a reach: slurm host: this stage's sbatch options (override the host's)
     description: str = ""
 
 
@@ -332,6 +385,8 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
                      [pipe_raw, prof_pipe])
     for name, h in lab.hosts.items():
         h.name = name
+        if h.reach == "slurm" and h.slurm is None:
+            h.slurm = SlurmHostConfig()
         h._logs_dir = str((REPO_ROOT / lab.logs_dir).resolve())
     for name, s in pipe.stages.items():
         s.name = name

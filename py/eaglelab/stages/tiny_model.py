@@ -94,11 +94,30 @@ def make_prompts(files: list[Path], n: int, seed: int, prefix: str = "demo") -> 
             for i, s in enumerate(picked)]
 
 
-def build_model(tokenizer, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, seed: int):
+def deepseek_v3_config(tokenizer, hidden: int, layers: int, heads: int, intermediate: int, experts: int):
+    """Kimi-K2.5's architecture class, scaled down: DeepSeek-V3 MoE with MLA (latent KV, split rope/nope
+    heads), the first layer dense, the rest routed experts + a shared expert, sigmoid top-k routing."""
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate,
+        moe_intermediate_size=max(intermediate // 4, 32), num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=heads, n_routed_experts=experts, n_shared_experts=1, num_experts_per_tok=min(4, experts),
+        n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=hidden // 2, kv_lora_rank=hidden // 4,
+        qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, max_position_embeddings=16384,
+        rope_theta=50000.0, tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, torch_dtype="bfloat16")
+
+
+def build_model(tokenizer, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, seed: int,
+                arch: str = "llama", experts: int = 8):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
+    if arch == "deepseek_v3":
+        return AutoModelForCausalLM.from_config(
+            deepseek_v3_config(tokenizer, hidden, layers, heads, intermediate, experts)).to(torch.bfloat16)
     cfg = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -126,17 +145,21 @@ def build_model(tokenizer, hidden: int, layers: int, heads: int, kv_heads: int, 
 @click.option("--max-shard-size", default="1MB", show_default=True)
 @click.option("--text-glob", "text_globs", multiple=True, help="text to train the tokenizer on (repeatable)")
 @click.option("--max-text-bytes", default=3_000_000, show_default=True)
+@click.option("--arch", type=click.Choice(["llama", "deepseek_v3"]), default="llama", show_default=True,
+              help="deepseek_v3: a scaled-down MoE with MLA, Kimi-K2.5's architecture class")
+@click.option("--experts", default=8, show_default=True, help="deepseek_v3: routed experts per MoE layer")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--force", is_flag=True, help="rebuild even if the manifest says done")
 def main(out_dir: Path, prompts_out: Path | None, num_prompts: int, eval_prompts_out: Path | None,
          num_eval_prompts: int, vocab_size: int, hidden: int, layers: int,
          heads: int, kv_heads: int, intermediate: int, max_shard_size: str, text_globs: tuple[str, ...],
-         max_text_bytes: int, seed: int, force: bool) -> None:
+         max_text_bytes: int, arch: str, experts: int, seed: int, force: bool) -> None:
     """Make the tiny demo target model (and its prompts)."""
     if hidden % heads or heads % kv_heads:
         raise StageError(f"--hidden {hidden} must divide by --heads {heads}, and heads by --kv-heads {kv_heads}")
     params = dict(vocab_size=vocab_size, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads,
                   intermediate=intermediate, max_shard_size=max_shard_size, seed=seed,
+                  **({"arch": arch, "experts": experts} if arch != "llama" else {}),
                   num_prompts=num_prompts if prompts_out else 0,
                   num_eval_prompts=num_eval_prompts if eval_prompts_out else 0)
     prompts_ok = all(p is None or p.is_file() for p in (prompts_out, eval_prompts_out))
@@ -149,7 +172,7 @@ def main(out_dir: Path, prompts_out: Path | None, num_prompts: int, eval_prompts
         raise StageError(f"no text found under {list(text_globs) or DEFAULT_TEXT_GLOBS}; pass --text-glob")
     click.echo(f"tiny_model: training a {vocab_size}-token byte-level BPE on {len(files)} local files")
     tokenizer = train_tokenizer(files, vocab_size)
-    model = build_model(tokenizer, hidden, layers, heads, kv_heads, intermediate, seed)
+    model = build_model(tokenizer, hidden, layers, heads, kv_heads, intermediate, seed, arch, experts)
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|end_of_text|>")]
     n_params = sum(p.numel() for p in model.parameters())
 

@@ -1,0 +1,58 @@
+"""The executor interface: launch, report, stop, read_log — the same for every way to reach a host."""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+
+from eaglelab.config import REPO_ROOT, HostConfig
+from eaglelab.errors import HostError
+
+
+class HostUnreachable(HostError):
+    """The host did not answer (timeout, refused, link down). Its runs keep their last known state."""
+
+
+class Executor(abc.ABC):
+    def __init__(self, host: HostConfig):
+        self.host = host
+
+    # Paths on the host. Relative ones are relative to the host's repo_dir.
+    def host_path(self, p: str) -> str:
+        base = self.repo_dir()
+        return p if p.startswith(("/", "~")) else str(Path(base) / p)
+
+    def repo_dir(self) -> str:
+        return self.host.repo_dir
+
+    @property
+    def work_dir(self) -> str:
+        return self.host_path(self.host.work_dir)
+
+    @property
+    def python(self) -> str:
+        return self.host_path(self.host.python)
+
+    @abc.abstractmethod
+    def launch(self, spec: dict) -> dict:
+        """Start spec (stage, command, cwd, env, ...) under jobwrap, detached; the run's meta."""
+
+    @abc.abstractmethod
+    def report(self, stage: str | None = None) -> dict:
+        """{"runs": [...], "gpus": ..., "free_disk_bytes": ...}; raises HostUnreachable."""
+
+    @abc.abstractmethod
+    def stop(self, run_id: str, grace_s: float = 30.0) -> dict:
+        """TERM then KILL the run's process group; the run as it ended."""
+
+    @abc.abstractmethod
+    def inputs_digest(self, paths: list[str], cwd: str) -> dict[str, str]:
+        """hostside.inputs_digest, computed on the host."""
+
+    @abc.abstractmethod
+    def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
+        """Bytes of the run's log from offset."""
+
+
+def local_repo_dir(host: HostConfig) -> str:
+    return str((REPO_ROOT / host.repo_dir).resolve()) if not host.repo_dir.startswith(("/", "~")) else host.repo_dir

@@ -1,0 +1,35 @@
+"""This machine: hostside's functions called in-process (no ssh, same code as on a remote host)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from eaglelab.host import hostside
+from .base import Executor, local_repo_dir
+
+
+class LocalExecutor(Executor):
+    def repo_dir(self) -> str:
+        return local_repo_dir(self.host)
+
+    @property
+    def python(self) -> str:
+        # A checkout without its venv (e.g. tests run by another interpreter) uses this one.
+        p = self.host_path(self.host.python)
+        return p if os.path.exists(p) else sys.executable
+
+    def inputs_digest(self, paths: list[str], cwd: str) -> dict[str, str]:
+        return hostside.inputs_digest(paths, cwd)
+
+    def launch(self, spec: dict) -> dict:
+        return hostside.launch(self.work_dir, {**spec, "python": spec.get("python") or self.python})
+
+    def report(self, stage: str | None = None) -> dict:
+        return hostside.report(self.work_dir, stage)
+
+    def stop(self, run_id: str, grace_s: float = 30.0) -> dict:
+        return hostside.stop(self.work_dir, run_id, grace_s)
+
+    def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
+        return hostside.read_log(self.work_dir, run_id, offset, limit)

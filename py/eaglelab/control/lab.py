@@ -1,0 +1,342 @@
+"""The core that the CLI, cron and the web page share: config + registry + executors.
+
+`lab run STAGE` is idempotent (DESIGN.md, principle 3): a running stage is attached to, a completed
+stage whose fingerprint is unchanged is skipped, a failed or changed one is started again. Services a
+stage `needs` are started and waited for; services holding GPUs that a stage wants are stopped first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, TextIO
+
+from filelock import FileLock
+
+from eaglelab import __version__
+from eaglelab import config as config_mod
+from . import preflight
+from eaglelab.config import REPO_ROOT, Config, StageConfig
+from eaglelab.errors import EaglelabError, StageError
+from .executors import Executor, HostUnreachable, for_host
+from eaglelab.fsutil import parse_iso
+from eaglelab.control.registry import Registry
+
+ACTIVE = ("pending", "running")
+# Code every stage script leans on: a change here is a change of every stage that uses it.
+STAGE_SHARED_CODE = tuple(REPO_ROOT / "py" / "eaglelab" / p for p in ("stages/common.py", "manifest.py"))
+
+
+class Lab:
+    def __init__(self, cfg: Config, registry: Registry | None = None):
+        self.cfg = cfg
+        self.registry = registry or Registry(cfg.logs_dir / "registry.sqlite")
+        self._executors: dict[str, Executor] = {}
+        from . import notify  # stage completed/failed/stalled -> webhooks, seen as the registry learns it
+        self.notifier = notify.watch(self)
+
+    @classmethod
+    def load(cls, conf_dir: str | None = None, profile: str | None = None) -> "Lab":
+        return cls(config_mod.load(conf_dir, profile))
+
+    def executor(self, host: str) -> Executor:
+        if host not in self._executors:
+            self._executors[host] = for_host(self.cfg.host(host))
+        return self._executors[host]
+
+    # -- what a stage would run --------------------------------------------------------------
+
+    def launch_spec(self, stage: StageConfig) -> dict:
+        ex = self.executor(stage.host)
+        variables = self.cfg.vars_for(stage, repo=ex.repo_dir(), python=ex.python, work_dir=ex.work_dir)
+        render = lambda v: self.cfg.render(stage, v, variables)  # noqa: E731
+        return {
+            "stage": stage.name, "host": stage.host, "profile": self.cfg.profile, "kind": stage.kind,
+            "command": [render(a) for a in stage.command],
+            "env": {k: render(v) for k, v in stage.env.items()},
+            "inputs": [render(p) for p in stage.inputs], "outputs": [render(p) for p in stage.outputs],
+            "cwd": ex.repo_dir(), "python": ex.python,
+            **({"slurm": config_mod.slurm_options(self.cfg.host(stage.host), stage)}
+               if self.cfg.host(stage.host).reach == "slurm" else {}),
+        }
+
+    def fingerprint(self, stage: StageConfig, spec: dict | None = None) -> str:
+        """Config + inputs' manifests + code version: a change in any of them means rerun."""
+        spec = spec or self.launch_spec(stage)
+        digest = self.executor(stage.host).inputs_digest(spec["inputs"], spec["cwd"]) if spec["inputs"] else {}
+        code = {"eaglelab": __version__}
+        pkg = REPO_ROOT / "py" / "eaglelab"
+        for arg in spec["command"]:
+            m = re.fullmatch(r"eaglelab\.stages\.(\w+)", arg)
+            if m:  # the stage's own script and the helpers every stage shares
+                for src in (pkg / "stages" / f"{m.group(1)}.py", *STAGE_SHARED_CODE):
+                    if src.exists():
+                        code[str(src.relative_to(pkg))] = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+        payload = {k: spec[k] for k in ("stage", "host", "kind", "command", "env", "inputs", "outputs")}
+        blob = json.dumps({"spec": payload, "inputs": digest, "code": code}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    # -- the hosts' truth into the registry ---------------------------------------------------
+
+    def refresh(self, hosts: list[str] | None = None, stage: str | None = None) -> dict[str, str | None]:
+        """Poll hosts in parallel (one round trip each); returns {host: error or None}."""
+        names = hosts or list(self.cfg.hosts)
+
+        def poll(name: str):
+            try:
+                return name, self.executor(name).report(stage), None
+            except HostUnreachable as e:
+                return name, None, str(e)
+
+        errors = {}
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
+            for name, report, err in pool.map(poll, names):
+                if report is not None:
+                    for r in report.get("runs", []):
+                        r.setdefault("host", name)
+                self.registry.sync_host(name, report, err)
+                errors[name] = err
+        return errors
+
+    def latest(self, stage: str) -> dict | None:
+        return self.registry.latest(stage)
+
+    # -- run ---------------------------------------------------------------------------------
+
+    def decide(self, name: str, force: bool = False) -> tuple[str, str, dict | None]:
+        """(action, reason, latest run): action is attach | skip | run. Needs a fresh registry."""
+        stage = self.cfg.stage(name)
+        latest = self.latest(name)
+        if latest and latest["state"] in ACTIVE:
+            return "attach", f"{name} is already {latest['state']} as {latest['id']} on {latest['host']}", latest
+        if force:
+            return "run", "forced", latest
+        if latest is None:
+            return "run", "never ran", None
+        if latest["state"] != "completed":
+            return "run", f"last run {latest['id']} {latest['state']}" + _end_detail(latest), latest
+        if stage.kind == "service":
+            return "run", "service is not running", latest
+        fp = self.fingerprint(stage)
+        if latest.get("fingerprint") != fp:
+            return "run", f"inputs, config or code changed since {latest['id']}", latest
+        newer = self._upstream_newer(stage, latest)
+        if newer is not None:
+            return "run", f"upstream {newer['stage']} ran again ({newer['id']}) after {latest['id']} started", latest
+        return "skip", f"{name} is up to date ({latest['id']} completed, nothing changed)", latest
+
+    def _upstream_newer(self, stage: StageConfig, latest: dict) -> dict | None:
+        """A depends_on stage whose latest run started after this stage's latest run did (make's rule:
+        the upstream ran again, so this stage's result is stale even if its inputs' digest matches).
+        Start times come from the hosts' clocks; a skew shorter than the upstream's own run cannot
+        flip the order, since a stage starts only after its upstream has ended."""
+        mine = parse_iso(latest.get("started_at"))
+        for dep in stage.depends_on:
+            if self.cfg.stage(dep).kind != "job":
+                continue
+            up = self.latest(dep)
+            theirs = parse_iso(up.get("started_at")) if up else None
+            if mine is not None and theirs is not None and theirs > mine:
+                return up
+        return None
+
+    def run(self, name: str, *, force: bool = False, deps: bool = False, wait: bool = True,
+            out: TextIO | None = None, follow: bool = True) -> dict:
+        """Run (or attach to, or skip) one stage; with wait, until it ends. The run record."""
+        out = out or sys.stdout
+        stage = self.cfg.stage(name)
+        if deps:
+            for dep in self.cfg.stage_order([name])[:-1]:
+                if self.cfg.stage(dep).kind == "job":
+                    rec = self.run(dep, wait=True, out=out, follow=follow)
+                    if rec["state"] != "completed":
+                        return rec
+        self._check_dependencies(stage)
+        lock = FileLock(str(self.cfg.logs_dir / "locks" / f"stage-{name}.lock"))
+        (self.cfg.logs_dir / "locks").mkdir(parents=True, exist_ok=True)
+        with lock:
+            self.refresh([stage.host], stage=name)
+            action, reason, latest = self.decide(name, force)
+            if action == "skip":
+                print(f"lab: {reason}", file=out)
+                return latest
+            if action == "attach":
+                print(f"lab: {reason}; attaching", file=out)
+                rec = latest
+            else:
+                for svc in stage.needs:
+                    self.ensure_service(svc, out=out)
+                self._free_gpus_for(stage, out=out)
+                spec = self.launch_spec(stage)
+                spec["fingerprint"] = self.fingerprint(stage, spec)
+                preflight.before_launch(self, stage, spec)  # a failed check raises StageError naming it
+                print(f"lab: starting {name} on {stage.host} ({reason})", file=out)
+                meta = self.executor(stage.host).launch(spec)
+                rec = self._record_launch(meta, spec)
+        if not wait or stage.kind == "service":
+            if stage.kind == "service" and wait:
+                self.wait_ready(stage, rec, out=out)
+            print(f"lab: {rec['id']} {rec['state']}; follow with `lab logs -f {rec['id']}`", file=out)
+            return rec
+        return self.wait(rec, out=out if follow else None)
+
+    def _record_launch(self, meta: dict, spec: dict) -> dict:
+        rec = {**meta, "id": meta["run_id"], "state": "running" if meta.get("started_at") else "pending",
+               "run_dir": str(Path(self.executor(spec["host"]).work_dir) / "runs" / meta["run_id"])}
+        self.registry.upsert(rec)
+        return self.registry.get(rec["id"]) or rec
+
+    def _check_dependencies(self, stage: StageConfig) -> None:
+        for dep in stage.depends_on:
+            latest = self.latest(dep)
+            if latest is None or latest["state"] != "completed":
+                state = latest["state"] if latest else "never ran"
+                raise StageError(f"stage {stage.name!r} depends on {dep!r}, whose latest run is {state}; "
+                                 f"run `lab run {dep}` first (or `lab run {stage.name} --deps`)")
+
+    # -- services ----------------------------------------------------------------------------
+
+    def ensure_service(self, name: str, out: TextIO) -> dict:
+        svc = self.cfg.stage(name)
+        self.refresh([svc.host], stage=name)
+        latest = self.latest(name)
+        if latest and latest["state"] in ACTIVE:
+            self.wait_ready(svc, latest, out=out)
+            return latest
+        return self.run(name, wait=True, out=out)
+
+    def is_ready(self, svc: StageConfig, rec: dict) -> bool:
+        ready = svc.ready
+        if ready is None:
+            return True
+        if ready.url:
+            url = self.cfg.render(svc, ready.url, self.cfg.vars_for(svc))
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return True
+            except OSError:
+                pass
+        if ready.log_regex:
+            data = self.executor(svc.host).read_log(rec["id"], 0, 64 << 20)
+            if re.search(ready.log_regex.encode(), data):
+                return True
+        return False
+
+    def wait_ready(self, svc: StageConfig, rec: dict, out: TextIO) -> None:
+        deadline = time.time() + (svc.ready.timeout_s if svc.ready else 0)
+        print(f"lab: waiting for service {svc.name} ({rec['id']}) to be ready", file=out)
+        while True:
+            if self.is_ready(svc, rec):
+                print(f"lab: service {svc.name} is ready", file=out)
+                return
+            self.refresh([svc.host], stage=svc.name)
+            cur = self.registry.get(rec["id"]) or rec
+            if cur["state"] not in ACTIVE:
+                raise StageError(f"service {svc.name!r} ended ({cur['state']}{_end_detail(cur)}) before it was "
+                                 f"ready; see `lab logs {cur['id']}`")
+            if time.time() > deadline:
+                raise StageError(f"service {svc.name!r} not ready after {svc.ready.timeout_s:.0f} s; "
+                                 f"see `lab logs {cur['id']}` (ready.timeout_s raises the limit)")
+            time.sleep(0.5)
+
+    def _free_gpus_for(self, stage: StageConfig, out: TextIO) -> None:
+        """Stop running services on the stage's host whose GPUs it needs (the seeds stopped the
+        inference server by hand to free the GPUs for extraction)."""
+        if stage.gpus <= 0:
+            return
+        host = self.cfg.host(stage.host)
+        keep = set(stage.needs)
+        used = {}
+        for name, s in self.cfg.stages.items():
+            if s.kind == "service" and s.host == stage.host and s.gpus > 0 and name != stage.name:
+                latest = self.latest(name)
+                if latest and latest["state"] in ACTIVE:
+                    used[name] = s.gpus
+        needed_by_kept = sum(g for n, g in used.items() if n in keep)
+        free = host.gpus - sum(used.values())
+        for name in [n for n in used if n not in keep]:
+            if free >= stage.gpus or host.gpus - needed_by_kept - stage.gpus < 0:
+                break
+            print(f"lab: stopping service {name} to free {used[name]} GPU(s) on {host.name} for {stage.name}",
+                  file=out)
+            self.stop(name)
+            free += used[name]
+
+    # -- follow, stop, logs --------------------------------------------------------------------
+
+    def wait(self, rec: dict, out: TextIO | None, poll_s: float = 0.5) -> dict:
+        """Follow the run's log (to out, if given) until the run ends; the final record."""
+        offset = rec.get("log_size", 0) if out is None else 0
+        ex = self.executor(rec["host"])
+        while True:
+            if out is not None:
+                offset = self._pump_log(ex, rec["id"], offset, out)
+            self.refresh([rec["host"]], stage=rec["stage"])
+            cur = self.registry.get(rec["id"]) or rec
+            if cur["state"] not in ACTIVE:
+                if out is not None:
+                    self._pump_log(ex, rec["id"], offset, out)
+                    print(f"lab: {cur['id']} {cur['state']}{_end_detail(cur)}", file=out)
+                return cur
+            time.sleep(poll_s)
+
+    @staticmethod
+    def _pump_log(ex: Executor, run_id: str, offset: int, out: TextIO) -> int:
+        while True:
+            try:
+                data = ex.read_log(run_id, offset, 1 << 20)
+            except HostUnreachable:
+                return offset
+            if not data:
+                return offset
+            out.write(data.decode("utf-8", "replace"))
+            out.flush()
+            offset += len(data)
+
+    def resolve_run(self, stage_or_run: str) -> dict:
+        """A run id, or a stage name meaning its latest run."""
+        rec = self.registry.get(stage_or_run)
+        if rec is None and stage_or_run in self.cfg.stages:
+            self.refresh([self.cfg.stage(stage_or_run).host], stage=stage_or_run)
+            rec = self.latest(stage_or_run)
+            if rec is None:
+                raise StageError(f"stage {stage_or_run!r} has no runs yet; start one with `lab run {stage_or_run}`")
+        if rec is None:
+            raise EaglelabError(f"{stage_or_run!r} is neither a stage nor a run id"
+                                f"{config_mod.did_you_mean(stage_or_run, self.cfg.stages)}; "
+                                f"stages: {', '.join(self.cfg.stages)}")
+        return rec
+
+    def stop(self, stage_or_run: str, grace_s: float | None = None) -> dict:
+        rec = self.resolve_run(stage_or_run)
+        if grace_s is None:
+            st = self.cfg.stages.get(rec["stage"])
+            grace_s = st.stop_grace_s if st else 30.0
+        final = self.executor(rec["host"]).stop(rec["id"], grace_s)
+        self.registry.upsert(final)
+        return self.registry.get(rec["id"]) or final
+
+    def stop_services(self, out: TextIO, keep: Callable[[str], bool] = lambda n: False) -> None:
+        for name, s in self.cfg.stages.items():
+            if s.kind == "service" and not keep(name):
+                latest = self.latest(name)
+                if latest and latest["state"] in ACTIVE:
+                    print(f"lab: stopping service {name} ({latest['id']})", file=out)
+                    self.stop(latest["id"])
+
+
+def _end_detail(rec: dict) -> str:
+    if rec.get("signal"):
+        return f" (signal {rec['signal']})"
+    if rec.get("exit_code") not in (None, 0):
+        return f" (exit code {rec['exit_code']})"
+    if rec.get("lost"):
+        return " (jobwrap vanished: host rebooted or wrapper killed)"
+    return ""

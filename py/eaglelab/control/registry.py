@@ -1,0 +1,267 @@
+"""The run registry: what ran where, with which inputs, and how it ended.
+
+An SQLite database in WAL mode (logs/registry.sqlite): the CLI, cron firings and the web page write
+it concurrently without corrupting it, and a process killed mid-write loses only its own
+transaction. It is a cache of the hosts' run directories (the hosts are the source of truth):
+`sync_host` rewrites it from a host's report, and a lost registry is rebuilt the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from eaglelab.errors import RegistryError
+from eaglelab.fsutil import utcnow_iso
+
+STATES = ("pending", "running", "completed", "failed", "killed")
+COLUMNS = ("id", "stage", "host", "profile", "fingerprint", "kind", "state", "exit_code", "signal",
+           "started_at", "ended_at", "duration_s", "run_dir", "pid", "pgid", "lost", "log_state", "updated_at",
+           "orphans", "log_size", "slurm")
+
+# columns added after the first release: (name, declaration) for ALTER TABLE on older registries
+ADDED_COLUMNS = {"orphans": "INTEGER DEFAULT 0", "log_size": "INTEGER", "slurm": "TEXT"}
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  id TEXT PRIMARY KEY, stage TEXT NOT NULL, host TEXT NOT NULL, profile TEXT, fingerprint TEXT,
+  kind TEXT, state TEXT NOT NULL, exit_code INTEGER, signal INTEGER, started_at TEXT, ended_at TEXT,
+  duration_s REAL, run_dir TEXT, pid INTEGER, pgid INTEGER, lost INTEGER DEFAULT 0,
+  log_state TEXT, updated_at TEXT, orphans INTEGER DEFAULT 0, log_size INTEGER, slurm TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_stage ON runs(stage, started_at);
+CREATE TABLE IF NOT EXISTS hosts (
+  name TEXT PRIMARY KEY, reachable INTEGER, unreachable_since TEXT, checked_at TEXT, report TEXT
+);
+CREATE TABLE IF NOT EXISTS phases (
+  run_id TEXT NOT NULL, stage TEXT NOT NULL, host TEXT NOT NULL, profile TEXT, phase TEXT NOT NULL,
+  duration_s REAL, items REAL, rate_s_per_item REAL, ended_at TEXT,
+  PRIMARY KEY (run_id, phase)
+);
+"""
+
+
+class Registry:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        # Callbacks given [(run as the registry knew it or None, run as now reported)] after each
+        # write; notify.py uses this to see runs change state.
+        self.observers: list[Callable[[list[tuple[dict | None, dict]]], None]] = []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with self._connect() as db:
+                ensure_schema(db, SCHEMA, {"runs": ADDED_COLUMNS})
+        except sqlite3.DatabaseError as e:
+            raise RegistryError(f"{self.path}: not a usable registry ({e}); move it aside and run "
+                                f"`lab status` to rebuild it from the hosts") from None
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        try:
+            db.execute("PRAGMA busy_timeout=60000")
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":  # persistent: set once
+                _retry_locked(lambda: db.execute("PRAGMA journal_mode=WAL"))
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.row_factory = sqlite3.Row
+            yield db
+        finally:
+            db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")  # take the write lock up front: no upgrade deadlocks
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                # A signal (SystemExit from a handler) can land after COMMIT already went through:
+                # roll back only what is still open, and let the original exception through.
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+
+    def upsert(self, run: dict) -> None:
+        self.upsert_many([run])
+
+    def upsert_many(self, runs: list[dict]) -> None:
+        now = utcnow_iso()
+        rows = []
+        for r in runs:
+            row = {c: r.get(c) for c in COLUMNS}
+            row["id"] = r.get("id") or r.get("run_id")
+            row["lost"] = int(bool(r.get("lost")))
+            row["orphans"] = int(bool(r.get("orphans")))  # processes of the stage's group outlived it
+            row["log_state"] = json.dumps(r["log_state"]) if r.get("log_state") is not None else None
+            row["slurm"] = json.dumps(r["slurm"]) if r.get("slurm") is not None else None  # job id, queue, nodes
+            row["updated_at"] = now
+            if row["state"] not in STATES:
+                row["state"] = "killed" if row["state"] is None and row["ended_at"] else (row["state"] or "pending")
+            rows.append(row)
+        cols = ", ".join(COLUMNS)
+        marks = ", ".join(f":{c}" for c in COLUMNS)
+        updates = ", ".join(f"{c}=excluded.{c}" for c in COLUMNS if c != "id")
+        with self._tx() as db:
+            # What the registry knew before, read under the write lock: of several processes
+            # syncing the same change, exactly one sees the transition (observers: notify.py).
+            before = {}
+            for row in rows if self.observers else []:
+                known = db.execute("SELECT * FROM runs WHERE id = ?", (row["id"],)).fetchone()
+                before[row["id"]] = _row(known) if known else None
+            db.executemany(f"INSERT INTO runs ({cols}) VALUES ({marks}) ON CONFLICT(id) DO UPDATE SET {updates}",
+                           rows)
+        if self.observers:
+            changes = [(before.get(row["id"]), {**r, "id": row["id"], "state": row["state"]})
+                       for r, row in zip(runs, rows)]
+            for observe in self.observers:
+                try:
+                    observe(changes)
+                except Exception as e:  # an observer never breaks the registry
+                    print(f"lab: registry observer failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+    def get(self, run_id: str) -> dict | None:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return _row(row) if row else None
+
+    def runs(self, stage: str | None = None, host: str | None = None, limit: int | None = None) -> list[dict]:
+        sql, args = "SELECT * FROM runs WHERE 1=1", []
+        if stage:
+            sql += " AND stage = ?"
+            args.append(stage)
+        if host:
+            sql += " AND host = ?"
+            args.append(host)
+        sql += " ORDER BY started_at IS NULL, started_at, id"
+        with self._connect() as db:
+            rows = [_row(r) for r in db.execute(sql, args)]
+        return rows[-limit:] if limit else rows
+
+    def latest(self, stage: str) -> dict | None:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM runs WHERE stage = ? ORDER BY COALESCE(started_at, updated_at) DESC, "
+                             "id DESC LIMIT 1", (stage,)).fetchone()
+        return _row(row) if row else None
+
+    def sync_host(self, host: str, report: dict | None, error: str | None = None) -> None:
+        """Record a host's report (its runs are the truth) or that it did not answer."""
+        now = utcnow_iso()
+        if report is not None:
+            self.upsert_many(report.get("runs", []))
+            self.record_phases_from_runs(report.get("runs", []))
+        with self._tx() as db:
+            prev = db.execute("SELECT * FROM hosts WHERE name = ?", (host,)).fetchone()
+            if report is not None:
+                db.execute("INSERT OR REPLACE INTO hosts VALUES (?, 1, NULL, ?, ?)",
+                           (host, now, json.dumps({k: v for k, v in report.items() if k != "runs"})))
+            else:
+                since = prev["unreachable_since"] if prev and not prev["reachable"] else now
+                db.execute("INSERT OR REPLACE INTO hosts VALUES (?, 0, ?, ?, ?)",
+                           (host, since, prev["checked_at"] if prev else None,
+                            json.dumps({"error": error, **(json.loads(prev["report"]) if prev and prev["report"]
+                                                           else {})})))
+
+    def hosts(self) -> dict[str, dict]:
+        with self._connect() as db:
+            out = {}
+            for r in db.execute("SELECT * FROM hosts"):
+                # the stored report first: its own keys must not override what the registry knows now
+                out[r["name"]] = {**(json.loads(r["report"]) if r["report"] else {}),
+                                  "name": r["name"], "reachable": bool(r["reachable"]),
+                                  "unreachable_since": r["unreachable_since"], "checked_at": r["checked_at"]}
+        return out
+
+    # -- phase history, for the ETA of phases not yet begun ------------------------------------
+
+    def record_phases_from_runs(self, runs: list[dict]) -> None:
+        rows = []
+        for r in runs:
+            ls = r.get("log_state") or {}
+            if r.get("state") != "completed":
+                continue
+            for p in ls.get("phases") or []:
+                if p.get("duration_s") is None or not p.get("name"):
+                    continue
+                rows.append((r.get("id"), r.get("stage"), r.get("host"), r.get("profile"), p["name"],
+                             p.get("duration_s"), p.get("items"), p.get("rate_s_per_item"), r.get("ended_at")))
+            if r.get("duration_s") is not None:
+                rows.append((r.get("id"), r.get("stage"), r.get("host"), r.get("profile"), "__run__",
+                             r["duration_s"], None, None, r.get("ended_at")))
+        if rows:
+            with self._tx() as db:
+                db.executemany("INSERT OR REPLACE INTO phases VALUES (?,?,?,?,?,?,?,?,?)", rows)
+
+    def phase_history(self, stage: str | None = None) -> list[dict]:
+        sql = "SELECT * FROM phases" + (" WHERE stage = ?" if stage else "") + " ORDER BY ended_at"
+        with self._connect() as db:
+            return [dict(r) for r in db.execute(sql, (stage,) if stage else ())]
+
+
+def ensure_schema(db: sqlite3.Connection, schema: str, added_columns: dict[str, dict[str, str]] | None = None) -> None:
+    """Create the tables/indexes of `schema` (and columns added since) that are missing.
+
+    Nothing is written when all exist, so readers never queue for the write lock. When something
+    is missing it is made under BEGIN IMMEDIATE, which waits its turn (busy_timeout): a bare
+    CREATE in autocommit can fail at once with "database is locked" next to a busy writer."""
+    added_columns = added_columns or {}
+    statements = [st.strip() for st in schema.split(";") if st.strip()]
+    wanted = {re.search(r"IF NOT EXISTS (\w+)", st).group(1) for st in statements}
+
+    def missing_parts(conn) -> bool:
+        have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        if not wanted <= have:
+            return True
+        for table, cols in added_columns.items():
+            if set(cols) - {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+                return True
+        return False
+
+    def create() -> None:
+        if not missing_parts(db):
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for st in statements:
+                db.execute(st)
+            for table, cols in added_columns.items():  # registries made before these columns existed
+                have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+                for col, decl in cols.items():
+                    if col not in have:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    _retry_locked(create)
+
+
+def _retry_locked(fn, attempts: int = 100, pause_s: float = 0.1):
+    """fn(), again while SQLite says the database is locked (WAL recovery after a writer was
+    killed, a schema change next to a reader): such waits are short and the busy handler does
+    not cover every one of them."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e) or i == attempts - 1:
+                raise
+            time.sleep(pause_s)
+
+
+def _row(row: sqlite3.Row) -> dict:
+    d = dict(row)
+    d["lost"] = bool(d.get("lost"))
+    d["orphans"] = bool(d.get("orphans"))
+    d["log_state"] = json.loads(d["log_state"]) if d.get("log_state") else None
+    d["slurm"] = json.loads(d["slurm"]) if d.get("slurm") else None
+    return d
+

@@ -1,0 +1,152 @@
+"""Terminal rendering of the status object (rich). Pure formatting: no I/O beyond the console.
+
+Every value from a run, a log or a host goes through `esc`: rich reads `[disk_full]` as markup and
+would drop it. Run ids never wrap or shorten (a user copies them into `lab logs`/`lab stop`); the
+free-text columns give way instead."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from eaglelab.fsutil import parse_iso
+
+STATE_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "killed": "red",
+               "stalled": "yellow", "unreachable": "magenta", "pending": "dim"}
+
+
+def esc(v) -> str:
+    """A value as literal text for rich markup ("" for None)."""
+    return "" if v is None else escape(str(v))
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return ""
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def fmt_clock(iso: str | None) -> str:
+    t = parse_iso(iso)
+    if t is None:
+        return ""
+    import time as _t
+    return _t.strftime("%H:%M", _t.localtime(t))
+
+
+def progress_text(run: dict) -> str:
+    ls = run.get("log_state") or {}
+    p = ls.get("progress")
+    parts = []
+    if ls.get("phase"):
+        parts.append(str(ls["phase"]))
+    if p and p.get("total"):
+        parts.append(f"{p.get('n')}/{p.get('total')} {p.get('unit') or ''}".rstrip())
+    fail = ls.get("failure")
+    if fail:
+        parts.append(f"[{fail.get('reason')}]")
+    return " ".join(parts)
+
+
+def slurm_queue_lines(st: dict, runs: dict) -> list[str]:
+    """One line per latest run queued in Slurm: its reason, place and Slurm's start estimate."""
+    out = []
+    for s in st["stages"]:
+        sl = (runs.get(s["latest_run"] or "") or {}).get("slurm") or {}
+        if sl.get("state") in ("PENDING", "REQUEUED", "CONFIGURING") or (sl and s["state"] == "pending"):
+            bits = [f"{s['name']}: Slurm job {sl.get('job_id')} {sl.get('state') or 'pending'}"
+                    + (f" ({sl['reason']})" if sl.get("reason") else "")]
+            if sl.get("queue_position"):
+                bits.append(f"#{sl['queue_position']} in {sl.get('partition')}")
+            if sl.get("start_estimate"):
+                bits.append(f"Slurm expects it to start {fmt_clock(sl['start_estimate'])}")
+            if sl.get("queued_s") is not None:
+                bits.append(f"queued {fmt_duration(sl['queued_s'])}")
+            out.append(", ".join(bits))
+    return out
+
+
+def eta_text(run: dict) -> str:
+    eta = run.get("eta") or {}
+    if not eta.get("finish_at"):
+        return ""
+    lo, hi = eta.get("finish_low_at"), eta.get("finish_high_at")
+    rng = f" ({fmt_clock(lo)}–{fmt_clock(hi)})" if lo and hi else ""
+    return fmt_clock(eta["finish_at"]) + rng
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+    return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) if text else []
+
+
+def print_status(st: dict, show_all: bool = False, console: Console | None = None) -> None:
+    console = console or Console()
+    hosts = Table(title="hosts", title_justify="left")
+    for col in ("host", "reach", "state"):
+        hosts.add_column(col, no_wrap=True)
+    hosts.add_column("GPUs", overflow="fold")
+    for h in st["hosts"]:
+        state = "ok" if h["reachable"] else f"[magenta]unreachable since {esc(fmt_clock(h['unreachable_since']))}[/]"
+        gpus = h.get("gpus")
+        gtxt = "none" if gpus is None else ", ".join(
+            f"{g.get('utilization_pct') or 0:.0f}% {(g.get('memory_used_mib') or 0) / 1024:.0f}/"
+            f"{(g.get('memory_total_mib') or 0) / 1024:.0f}G" for g in gpus)
+        hosts.add_row(esc(h["name"]), esc(h["reach"]), state, esc(gtxt))
+    console.print(hosts)
+    runs = {r["id"]: r for r in st["runs"]}
+    id_width = max([len(str(r.get("id") or "")) for r in runs.values()] + [3])
+    # narrow terminals: progress and ETA go under the run id, in a column as wide as the ids
+    wide = console.width >= 2 * id_width + 70
+    table = Table(title=f"pipeline (profile {esc(st.get('profile'))})", title_justify="left",
+                  box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD, pad_edge=wide)
+    table.add_column("stage", no_wrap=True)
+    table.add_column("host", overflow="fold")
+    table.add_column("state", overflow="fold")
+    table.add_column("time", no_wrap=True)
+    table.add_column("run" if wide else "run · progress · ETA", no_wrap=not wide, min_width=id_width)
+    if wide:
+        table.add_column("progress", overflow="fold")
+        table.add_column("ETA", overflow="fold")
+    for s in st["stages"]:
+        r = runs.get(s["latest_run"] or "") or {}
+        state = s["state"]
+        detail = ""
+        if r.get("signal"):
+            detail = f" sig {r['signal']}"
+        elif r.get("exit_code") not in (None, 0):
+            detail = f" rc {r['exit_code']}"
+        if r.get("orphans"):  # processes of its group outlived it: GPU memory may still be held
+            detail += " +orphans"
+        style = STATE_STYLE.get(state, "")
+        cells = [esc(s["name"]), esc(s["host"]), f"[{style}]{esc(state + detail)}[/]" if style else esc(state + detail),
+                 fmt_duration(r.get("duration_s"))]
+        prog, eta = progress_text(r), eta_text(r)
+        if wide:
+            cells += [esc(r.get("id", "")), esc(prog), esc(eta)]
+        else:
+            lines = [r.get("id", "")] + _wrap(prog, id_width) + ([f"ETA {eta}"] if eta else [])
+            cells.append("\n".join(esc(x) for x in lines))
+        table.add_row(*cells)
+    console.print(table)
+    for line in slurm_queue_lines(st, runs):
+        console.print(line, markup=False, highlight=False)
+    pipe = st.get("pipeline") or {}
+    if pipe.get("finish_at"):
+        console.print(esc(f"pipeline finishes about {fmt_clock(pipe['finish_at'])}"
+                          + (f" ({fmt_clock(pipe.get('finish_low_at'))}–{fmt_clock(pipe.get('finish_high_at'))})"
+                             if pipe.get("finish_low_at") else "")))
+    if show_all:
+        allruns = Table(title="all runs", title_justify="left")
+        allruns.add_column("run", no_wrap=True)
+        for col in ("stage", "host", "state", "exit", "signal", "started", "time"):
+            allruns.add_column(col, overflow="fold")
+        for r in st["runs"]:
+            allruns.add_row(esc(r["id"]), esc(r["stage"]), esc(r["host"]), esc(r["state"]), esc(r.get("exit_code") or ""),
+                            esc(r.get("signal") or ""), fmt_clock(r.get("started_at")), fmt_duration(r.get("duration_s")))
+        console.print(allruns)

@@ -1,0 +1,65 @@
+"""The whole lab as one JSON object (schema 1): `lab status --json` and `GET /api/status` both call
+collect(), so the terminal and the page can never disagree. Fields: docs/interfaces.md."""
+
+from __future__ import annotations
+
+import time
+
+from eaglelab.fsutil import utcnow_iso
+from .lab import Lab
+
+SCHEMA = 1
+RUN_FIELDS = ("id", "stage", "host", "state", "exit_code", "signal", "started_at", "ended_at", "fingerprint",
+              "profile", "kind", "run_dir", "pid", "duration_s", "lost", "log_state", "orphans", "slurm")
+
+
+def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
+    now = now or time.time()
+    errors = lab.refresh() if refresh else {}
+    hosts_seen = lab.registry.hosts()
+    hosts = []
+    for name, h in lab.cfg.hosts.items():
+        seen = hosts_seen.get(name, {})
+        hosts.append({"name": name, "reach": h.reach, "reachable": seen.get("reachable", not errors.get(name)),
+                      "unreachable_since": seen.get("unreachable_since"), "checked_at": seen.get("checked_at"),
+                      "error": errors.get(name) or (seen.get("error") if not seen.get("reachable", True) else None),
+                      "gpus": seen.get("gpus"), "gpus_configured": h.gpus,
+                      "free_disk_bytes": seen.get("free_disk_bytes"), "load": seen.get("load"),
+                      **({"slurm": {"partition": h.slurm.partition, "error": seen.get("slurm_error")}}
+                         if h.reach == "slurm" and h.slurm else {})})
+    unreachable = {h["name"] for h in hosts if not h["reachable"]}
+    runs = []
+    for r in lab.registry.runs():
+        run = {k: r.get(k) for k in RUN_FIELDS}
+        ls = run.get("log_state") or {}
+        if run["state"] == "running" and ls.get("state") == "stalled":
+            run["stalled"] = True
+        run["host_unreachable"] = run["host"] in unreachable
+        if run.get("slurm") is None:
+            run.pop("slurm")  # only runs of a Slurm host carry it (job id, queue, nodes, queued_s)
+        runs.append(run)
+    stages = []
+    for name in lab.cfg.stage_order():
+        s = lab.cfg.stage(name)
+        latest = next((r for r in reversed(runs) if r["stage"] == name), None)
+        state = latest["state"] if latest else "pending"
+        if latest and latest.get("stalled"):
+            state = "stalled"
+        if latest and latest["host_unreachable"] and state in ("running", "pending"):
+            state = "unreachable"
+        stages.append({"name": name, "host": s.host, "kind": s.kind, "depends_on": s.depends_on, "needs": s.needs,
+                       "description": s.description, "latest_run": latest["id"] if latest else None, "state": state})
+    status = {"schema": SCHEMA, "generated_at": utcnow_iso(now), "profile": lab.cfg.profile,
+              "runs": runs, "hosts": hosts, "stages": stages}
+    return _annotate_eta(lab, status, now)
+
+
+def _annotate_eta(lab: Lab, status: dict, now: float) -> dict:
+    try:
+        from eaglelab import eta
+    except ImportError:
+        return status
+    annotate = getattr(eta, "annotate", None)
+    if annotate is None:
+        return status
+    return annotate(status, {"phases": lab.registry.phase_history()}, now)

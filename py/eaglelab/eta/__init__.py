@@ -1,0 +1,11 @@
+"""ETAs, by layer: `estimator` (a bar's time left: the maths and the one driver, `bar_eta`),
+`history` (what earlier runs of a stage took, phase by phase), `schedule` (a run's phases, the
+stages through the `depends_on` DAG, `annotate` for `lab status --json`), `replay` (a log's bars
+re-estimated frame by frame, as if tailed live: `lab eta replay`, the benchmarks).
+Pure: no I/O, the clock is passed in."""
+
+from .estimator import (CONCURRENT_BARS, BarEstimate, BarTracker, TqdmEma, bar_eta,  # noqa: F401
+                        estimate_bar)
+from .history import (History, PhaseRecord, RunRecord, Span, phase_estimate, phase_template,  # noqa: F401
+                      run_duration_estimate)
+from .schedule import annotate, pipeline_finish, run_eta  # noqa: F401

@@ -1,0 +1,246 @@
+"""Stage and pipeline ETAs (`annotate`): the current bar (its estimate from the state JSON) and
+the history of earlier runs of the same stage on the same host and profile, phase by phase, with
+finish times propagated through the stages' `depends_on` DAG. Pure: the clock is passed in."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import statistics
+from typing import Any
+
+from eaglelab.figures import seconds
+
+from .history import (HISTORY_WIDEN, WHOLE_RUN, ZERO, History, Span, phase_estimate, phase_template,
+                      run_duration_estimate)
+
+READY_PHASES = ("ready", "serving")  # a service is "done" for the DAG once its log says it is ready
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    t = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def _epoch(s: str | None) -> float | None:
+    if not s:
+        return None
+    return _dt.datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+
+def _progress_span(progress: dict | None, now: float) -> Span | None:
+    """The current bar's remaining time from the state JSON's progress (the tailer's estimate)."""
+    if not progress:
+        return None
+    n, total = progress.get("n"), progress.get("total")
+    if total is not None and n is not None and n >= total:
+        return None  # the bar is done; the phase goes on without it
+    eta = progress.get("eta_s")
+    if eta is None:
+        rate = progress.get("rate_s_per_it")
+        if rate is None or total is None or n is None:
+            return None
+        eta = rate * (total - n)
+    low, high = progress.get("eta_low_s"), progress.get("eta_high_s")
+    if low is None or high is None:  # a bar estimated by tqdm only: tqdm's number, a wide range
+        low, high = eta * 0.5, eta * 2.0
+    # The observation may be older than now (the tailer throttles): count the time since.
+    seen = _epoch(progress.get("observed_at"))
+    since = max(now - seen, 0.0) if seen is not None else 0.0
+    return Span(max(eta - since, 0.0), max(low - since, 0.0), max(high - since, eta - since, 0.0), "progress")
+
+
+def run_eta(run: dict, history: History, profile: str, now: float) -> dict | None:
+    """ETA of a running run: the current phase (its bar, else its history minus the time it has
+    run) plus every later phase of the stage's template. None for runs that are not running.
+
+    Where the log names no phase, the current one is the template's first unfinished phase (for a
+    stage whose runs have no phases, WHOLE_RUN: the run itself)."""
+    if run.get("state") != "running":
+        return None
+    stage, host = run.get("stage", ""), run.get("host", "")
+    log = run.get("log_state") or {}
+    done = [p for p in log.get("phases") or [] if p.get("duration_s") is not None and p.get("name") != log.get("phase")]
+    done_names = {p["name"] for p in done}
+    template = phase_template(history, stage, host, profile)
+    current = log.get("phase") or next((p for p in template if p not in done_names), None)
+    started = _epoch(run.get("started_at"))
+    run_elapsed = max(now - started, 0.0) if started is not None else None
+    # Time outside every phase (interpreter start, imports, teardown) shows only in whole-run
+    # durations: earlier runs' median of (duration - their phases), spent first.
+    same = history.same(stage, host, profile)
+    gaps = [max(r.duration_s - sum(p.duration_s for p in r.phases), 0.0) for r in same if r.phases]
+    overhead = statistics.median(gaps) if gaps else 0.0
+    log_phases = log.get("phases") or []
+    first_t0 = _epoch(log_phases[0].get("started_at")) if log_phases else None
+    if run_elapsed is None:
+        overhead_left = 0.0
+    elif not log_phases:
+        overhead_left = max(overhead - run_elapsed, 0.0)  # nothing has started yet
+    elif first_t0 is not None and started is not None:
+        overhead_left = max(overhead - (first_t0 - started), 0.0)
+    else:
+        overhead_left = 0.0
+    open_phase = next((p for p in log_phases if p.get("name") == current and p.get("duration_s") is None), {})
+    phase_t0 = _epoch(open_phase.get("started_at"))  # the tailer stamps a phase's start (live)
+    if phase_t0 is not None:
+        in_phase = max(now - phase_t0, 0.0)
+    elif not log_phases:
+        in_phase = max((run_elapsed or 0.0) - overhead, 0.0)
+    else:
+        in_phase = max(run_elapsed - sum(p["duration_s"] for p in done), 0.0) if run_elapsed is not None else 0.0
+
+    phases_out: list[dict] = [{"name": p["name"], "state": "done", "duration_s": p["duration_s"]} for p in done]
+    if current in READY_PHASES or (run.get("kind") == "service" and log.get("ready")):
+        current_span: Span | None = ZERO  # a service that is up: done, as far as the pipeline waits
+    else:
+        current_span = _progress_span(log.get("progress"), now)
+        hist = phase_estimate(history, stage, host, profile, current) if current and current_span is None else None
+        if hist is not None:
+            left = lambda d: max(d - in_phase, 0.0)  # noqa: E731
+            # Already longer than any earlier run: a little more at least, and a range that says so.
+            current_span = Span(left(hist.eta_s), left(hist.low_s), max(left(hist.high_s), hist.eta_s * 0.1),
+                                hist.source)
+    if current is None and current_span is None:
+        current_span = Span(0.0, 0.0, 0.0, "none")  # no phase, no bar, no template: nothing known to wait for
+    if current:
+        entry: dict[str, Any] = {"name": current, "state": "running"}
+        if current_span is not None:
+            entry.update(_span_fields(current_span, now))
+        phases_out.append(entry)
+    unknown = current_span is None
+    total = current_span or ZERO
+
+    # Later phases: the template's after the current one (those not seen, if it is not in the template).
+    later = (template[template.index(current) + 1:] if current in template
+             else [p for p in template if p not in done_names and p != current])
+    for name in later:
+        span = phase_estimate(history, stage, host, profile, name)
+        entry = {"name": name, "state": "pending"}
+        if span is None:
+            unknown = True
+        else:
+            entry["expected_duration_s"] = seconds(span.eta_s)
+            entry.update(_span_fields(span, now, start=total))
+            total = total + span
+        phases_out.append(entry)
+    if overhead_left > 0 and not unknown:
+        total = total + Span(overhead_left, overhead_left / (1 + HISTORY_WIDEN), overhead_left * (1 + HISTORY_WIDEN),
+                             total.source)
+    out: dict[str, Any] = {"phases": phases_out}
+    if unknown:
+        out.update({"eta_s": None, "eta_low_s": None, "eta_high_s": None, "finish_at": None,
+                    "source": "unknown"})
+    else:
+        out.update(_span_fields(total, now))
+    return out
+
+
+def _span_fields(span: Span, now: float, start: Span = ZERO) -> dict:
+    return {"eta_s": seconds(start.eta_s + span.eta_s),
+            "eta_low_s": seconds(start.low_s + span.low_s),
+            "eta_high_s": seconds(start.high_s + span.high_s),
+            "finish_at": _iso(now + start.eta_s + span.eta_s),
+            "source": span.source}
+
+
+def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: dict[str, dict],
+                    history: History, profile: str, now: float) -> tuple[dict[str, dict], dict]:
+    """Finish times (eta / low / high, epoch seconds) of every stage through depends_on, and the
+    pipeline's: a stage starts when the last of its dependencies finishes (or now)."""
+    by_name = {s["name"]: s for s in stages}
+    memo: dict[str, dict] = {}
+
+    def finish(name: str, trail: tuple = ()) -> dict:
+        if name in memo:
+            return memo[name]
+        if name in trail:
+            raise ValueError(f"dependency cycle among stages: {' -> '.join(trail + (name,))}")
+        st = by_name[name]
+        deps = [d for d in (st.get("depends_on") or []) + (st.get("needs") or []) if d in by_name]
+        dep_f = [finish(d, trail + (name,)) for d in deps]
+        run = runs_by_id.get(st.get("latest_run") or "") or {}
+        state = run.get("state") or st.get("state") or "pending"
+        rec: dict[str, Any] = {"state": state}
+        if state == "completed":
+            end = _epoch(run.get("ended_at")) or now
+            rec.update(eta=end, low=end, high=end, source="done")
+        elif state == "running" and name in run_etas and run_etas[name].get("eta_s") is not None:
+            e = run_etas[name]
+            rec.update(eta=now + e["eta_s"], low=now + e["eta_low_s"], high=now + e["eta_high_s"],
+                       source=e.get("source", "progress"))
+        else:
+            # Not started (or failed/killed: assumed started again): after its dependencies, or now.
+            unknown_dep = any(f["eta"] is None for f in dep_f)
+            start = max([now] + [f["eta"] for f in dep_f if f["eta"] is not None])
+            start_lo = max([now] + [f["low"] for f in dep_f if f["low"] is not None])
+            start_hi = max([now] + [f["high"] for f in dep_f if f["high"] is not None])
+            dur = run_duration_estimate(history, name, st.get("host", ""), profile)
+            if state == "running":  # running but no estimate of its own: elapsed vs history
+                started = _epoch(run.get("started_at")) or now
+                start = start_lo = start_hi = started
+            if dur is None or unknown_dep:
+                rec.update(eta=None, low=None, high=None, source="unknown")
+            else:
+                rec.update(eta=max(start + dur.eta_s, now), low=max(start_lo + dur.low_s, now),
+                           high=max(start_hi + dur.high_s, now), source=dur.source)
+            rec["start"] = start
+            if state in ("failed", "killed"):
+                rec["assumes_rerun"] = True
+        rec["after"] = max(((f["eta"], d) for f, d in zip(dep_f, deps) if f["eta"] is not None), default=(None, None))[1]
+        memo[name] = rec
+        return rec
+
+    for s in stages:
+        finish(s["name"])
+    known = {n: r for n, r in memo.items() if r["eta"] is not None}
+    unknown = sorted(n for n, r in memo.items() if r["eta"] is None)
+    if not known or unknown:
+        return memo, {"finish_at": None, "finish_low_at": None, "finish_high_at": None,
+                      "critical_path": [], "unknown": unknown}
+    last = max(known, key=lambda n: known[n]["eta"])
+    path = [last]
+    while memo[path[-1]].get("after"):
+        path.append(memo[path[-1]]["after"])
+    path.reverse()
+    return memo, {"finish_at": _iso(max(r["eta"] for r in known.values())),
+                  "finish_low_at": _iso(max(r["low"] for r in known.values())),
+                  "finish_high_at": _iso(max(r["high"] for r in known.values())),
+                  "eta_s": seconds(max(r["eta"] for r in known.values()) - now),
+                  "critical_path": path, "unknown": []}
+
+
+def annotate(status: dict, history: dict | History | None, now: float) -> dict:
+    """Add ETA fields to a `lab status --json` object (a new dict; existing fields are kept as they are).
+
+    runs[*].eta, stages[*].eta and top-level `pipeline`; see docs/interfaces.md, "## ETA"."""
+    hist = (history if isinstance(history, History) else History.from_dict(history)).with_status_runs(status)
+    profile = status.get("profile", "")
+    out = dict(status)
+    runs = [dict(r) for r in status.get("runs", [])]
+    run_etas: dict[str, dict] = {}  # by stage, for the run that is the stage's latest
+    latest = {s.get("latest_run") for s in status.get("stages", [])}
+    for r in runs:
+        e = run_eta(r, hist, profile, now)
+        if e is not None:
+            r["eta"] = e
+            if r.get("id") in latest:
+                run_etas[r.get("stage", "")] = e
+    out["runs"] = runs
+    stages = [dict(s) for s in status.get("stages", [])]
+    memo, pipe = pipeline_finish(stages, {r.get("id"): r for r in runs}, run_etas, hist, profile, now)
+    for s in stages:
+        m = memo[s["name"]]
+        s["eta"] = {"eta_s": None if m["eta"] is None else seconds(max(m["eta"] - now, 0.0)),
+                    "eta_low_s": None if m["low"] is None else seconds(max(m["low"] - now, 0.0)),
+                    "eta_high_s": None if m["high"] is None else seconds(max(m["high"] - now, 0.0)),
+                    "finish_at": _iso(m["eta"]), "finish_low_at": _iso(m["low"]),
+                    "finish_high_at": _iso(m["high"]), "source": m["source"]}
+        if m.get("start") is not None and m["state"] != "running" and m["eta"] is not None:
+            s["eta"]["start_at"] = _iso(m["start"])  # (no start time for a stage whose finish is unknown)
+        if m.get("assumes_rerun"):
+            s["eta"]["assumes_rerun"] = True
+    out["stages"] = stages
+    out["pipeline"] = pipe
+    return out

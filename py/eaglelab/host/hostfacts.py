@@ -1,0 +1,61 @@
+"""Facts about a host that preflight needs, gathered ON the host in one call.
+
+`python -m eaglelab.host.hostside facts JSON` runs this with the host's own interpreter, so the
+packages listed are the ones a stage launched there would import.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import sys
+from pathlib import Path
+
+from . import hostside
+
+
+def canonical(name: str) -> str:
+    """PEP 503 name: `Flask_Login` and `flask-login` are one package."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def packages() -> dict[str, str]:
+    """{canonical name: version} of every distribution this interpreter sees."""
+    out = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            out.setdefault(canonical(name), dist.version)
+    return out
+
+
+def facts(work_dir: str, inputs: list[str], outputs: list[str], cwd: str) -> dict:
+    base = Path(cwd).expanduser()
+    disk = {p: hostside.free_disk(base / p) for p in (outputs or [])}
+    disk[work_dir] = hostside.free_disk(work_dir)
+    return {"schema": 1, "hostname": platform.node(), "home": str(Path.home()), "python": sys.executable,
+            "python_version": platform.python_version(), "packages": packages(),
+            "free_disk_bytes": disk, "gpus": hostside.gpus(),
+            "inputs": hostside.inputs_digest(inputs, str(base)) if inputs else {},
+            "manifests": manifests(inputs, base), "cwd_exists": base.is_dir(), "pid": os.getpid()}
+
+
+def manifests(inputs: list[str], base: Path) -> dict[str, dict]:
+    """counts and params of each input's manifest.json (the prepared data's token count feeds the
+    hidden-states disk estimate)."""
+    import json
+    out = {}
+    for p in inputs or []:
+        path = base / p
+        if not path.is_dir():
+            continue
+        path = path / "manifest.json"
+        try:
+            m = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(m, dict):
+            out[p] = {"counts": m.get("counts") or {}, "params": m.get("params") or {}, "extra": m.get("extra") or {}}
+    return out

@@ -1,0 +1,313 @@
+"""What runs on a host: launch a stage through jobwrap, report its runs, stop one, read a log.
+
+No agent, no daemon: the local executor calls these functions in-process; the ssh executor runs
+`python -m eaglelab.host.hostside VERB 'JSON'` on the host, one round trip, and reads one JSON object
+back. Everything about a process is decided here, where the process is.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from eaglelab.fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
+from .jobwrap import group_alive
+from .tail.run import run_state
+
+STALE_HEARTBEAT_S = 30.0
+
+
+def new_run_id(stage: str, now: float | None = None) -> str:
+    return f"{stage}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}-{secrets.token_hex(2)}"
+
+
+def runs_dir(work_dir: str | os.PathLike) -> Path:
+    return Path(work_dir).expanduser().resolve() / "runs"
+
+
+def _run_dir(work_dir, run_id: str) -> Path:
+    # run ids come from our registry, but a URL or a CLI argument may carry one: refuse paths.
+    if not run_id or "/" in run_id or run_id.startswith(".") or "\x00" in run_id:
+        raise ValueError(f"bad run id {run_id!r}")
+    return runs_dir(work_dir) / run_id
+
+
+def launch(work_dir: str, spec: dict, wait_s: float = 10.0) -> dict:
+    """Start spec["command"] under jobwrap, detached; return the run's meta.json once it exists.
+
+    spec: stage, host, command (argv), cwd, env, profile, fingerprint, python, run_id (optional).
+    """
+    run_id = spec.get("run_id") or new_run_id(spec["stage"])
+    run_dir = _run_dir(work_dir, run_id)
+    run_dir.mkdir(parents=True, exist_ok=False)
+    meta = {"schema": 1, "run_id": run_id, "stage": spec["stage"], "host": spec.get("host", "local"),
+            "profile": spec.get("profile"), "fingerprint": spec.get("fingerprint"),
+            "command": list(spec["command"]), "cwd": spec.get("cwd") or os.getcwd(),
+            "kind": spec.get("kind", "job"), "launched_at": utcnow_iso()}
+    atomic_write_json(run_dir / "meta.json", meta)
+    python = spec.get("python") or sys.executable
+    argv = ["nohup", python, "-m", "eaglelab.host.jobwrap", "--run-dir", str(run_dir), "--cwd", meta["cwd"]]
+    for k, v in (spec.get("env") or {}).items():
+        argv += ["--env", f"{k}={v}"]
+    argv += ["--", *meta["command"]]
+    env = dict(os.environ)
+    # jobwrap must import this very package, wherever the host's venv is.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+                                                      env.get("PYTHONPATH")]))
+    with open(run_dir / "jobwrap.log", "ab") as out:
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                         cwd=meta["cwd"] if os.path.isdir(meta["cwd"]) else None, env=env,
+                         start_new_session=True, close_fds=True)
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        m = read_json(run_dir / "meta.json") or {}
+        if m.get("started_at"):
+            return m
+        time.sleep(0.02)
+    return read_json(run_dir / "meta.json") or meta
+
+
+def _alive(pid: int | None, run_dir: Path) -> bool:
+    """Is pid our jobwrap for run_dir? (pids are reused and test hosts share a pid namespace)"""
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if str(run_dir).encode() not in cmdline:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def read_run(run_dir: Path, now: float | None = None) -> dict:
+    """One run's record from its directory (see docs/interfaces.md for the state rules)."""
+    now = now or time.time()
+    meta = read_json(run_dir / "meta.json") or {"run_id": run_dir.name}
+    exit_info = read_json(run_dir / "exit.json")
+    rec = {
+        "id": meta.get("run_id", run_dir.name), "stage": meta.get("stage"), "host": meta.get("host"),
+        "profile": meta.get("profile"), "fingerprint": meta.get("fingerprint"), "kind": meta.get("kind", "job"),
+        "run_dir": str(run_dir), "pid": meta.get("pid"), "pgid": meta.get("pgid"),
+        "jobwrap_pid": meta.get("jobwrap_pid"), "command": meta.get("command"),
+        "started_at": meta.get("started_at"), "ended_at": None, "exit_code": None, "signal": None,
+        "heartbeat_at": None, "lost": False, "stop_requested": (run_dir / "stop_requested").exists(),
+    }
+    try:
+        rec["heartbeat_at"] = utcnow_iso((run_dir / "heartbeat").stat().st_mtime)
+    except OSError:
+        pass
+    if exit_info is None and not _alive(meta.get("jobwrap_pid"), run_dir):
+        exit_info = read_json(run_dir / "exit.json")  # it may have ended between the two reads
+        if exit_info is None:
+            launched = parse_iso(meta.get("launched_at")) or 0
+            if not meta.get("started_at") and now - launched < 10:
+                rec["state"] = "pending"  # jobwrap is still starting
+            else:
+                rec.update(state="killed", lost=True)
+    if exit_info is not None:
+        rec.update(state=exit_info.get("state"), exit_code=exit_info.get("exit_code"),
+                   signal=exit_info.get("signal"), ended_at=exit_info.get("ended_at"),
+                   orphans=exit_info.get("orphans", False))
+    elif "state" not in rec:
+        rec["state"] = "running"
+    start, end = parse_iso(rec["started_at"]), parse_iso(rec["ended_at"])
+    rec["duration_s"] = round((end or now) - start, 3) if start else None
+    # the tailer's state.json combined with the exit (a SIGKILL is host_oom_killed, exit 0 completed)
+    rec["log_state"] = run_state(run_dir)
+    try:
+        rec["log_size"] = (run_dir / "output.log").stat().st_size
+    except OSError:
+        rec["log_size"] = 0
+    return rec
+
+
+def report(work_dir: str, stage: str | None = None) -> dict:
+    """Every run on this host (optionally of one stage), plus the host's GPUs."""
+    root = runs_dir(work_dir)
+    runs = []
+    if root.is_dir():
+        for d in sorted(root.iterdir()):
+            if d.is_dir() and not d.name.startswith(".") and (stage is None or d.name.startswith(stage + "-")):
+                runs.append(read_run(d))
+    devices = gpus()
+    if devices:
+        mark_gpu_holders(devices, runs)
+    return {"schema": 1, "runs": runs, "gpus": devices, "checked_at": utcnow_iso(),
+            "free_disk_bytes": free_disk(work_dir), "load": list(os.getloadavg())}
+
+
+def mark_gpu_holders(devices: list[dict], runs: list[dict]) -> None:
+    """gpus[*].runs: the running runs whose process group has a compute process on that GPU;
+    gpus[*].other_processes: compute processes of no run (another user's, or a lost stage's)."""
+    groups = {r.get("pgid"): r["id"] for r in runs if r.get("state") == "running" and r.get("pgid")}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    by_uuid = {g.get("uuid"): g for g in devices}
+    for g in devices:
+        g.update(runs=[], other_processes=0)
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2 or parts[0] not in by_uuid:
+            continue
+        g = by_uuid[parts[0]]
+        try:
+            run_id = groups.get(os.getpgid(int(parts[1])))
+        except (ValueError, ProcessLookupError, PermissionError):
+            run_id = None  # another container's pid, or it just ended
+        if run_id is None:
+            g["other_processes"] += 1
+        elif run_id not in g["runs"]:
+            g["runs"].append(run_id)
+
+
+def free_disk(path: str | os.PathLike) -> int:
+    """Free bytes on the filesystem that holds path (or would, once it exists)."""
+    p = Path(path).expanduser().resolve()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
+    """TERM the stage's process group, KILL it after grace_s; return the run as it ended."""
+    run_dir = _run_dir(work_dir, run_id)
+    rec = read_run(run_dir)
+    if rec["state"] not in ("running", "pending"):
+        return rec
+    (run_dir / "stop_requested").write_text(utcnow_iso() + "\n")
+    pgid = rec.get("pgid")
+    if not pgid:
+        return rec
+    _killpg(pgid, signal.SIGTERM)
+    deadline = time.time() + grace_s
+    # Wait for the whole group, not only the stage's main process: a child that ignores TERM would
+    # otherwise keep its GPU memory after `lab stop` returned.
+    while time.time() < deadline and (not (run_dir / "exit.json").exists() or group_alive(pgid)):
+        time.sleep(0.1)
+    if not (run_dir / "exit.json").exists() or group_alive(pgid):
+        _killpg(pgid, signal.SIGKILL)
+    deadline = time.time() + 10
+    while time.time() < deadline and not (run_dir / "exit.json").exists():
+        time.sleep(0.05)
+    return read_run(run_dir)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def read_log(work_dir: str, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
+    """limit bytes of the run's log from offset (a mirror resumes here after a cut)."""
+    path = _run_dir(work_dir, run_id) / "output.log"
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(limit)
+    except FileNotFoundError:
+        return b""
+
+
+def gpus() -> list[dict] | None:
+    """nvidia-smi's view of the GPUs, or None on a host without them."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    fields = ["index", "name", "utilization.gpu", "memory.used", "memory.total", "uuid"]
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    result = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == len(fields):
+            idx, name, util, used, total, uuid = parts
+            result.append({"index": int(idx), "name": name, "utilization_pct": _num(util),
+                           "memory_used_mib": _num(used), "memory_total_mib": _num(total), "uuid": uuid})
+    return result
+
+
+def _num(s: str) -> float | None:
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def inputs_digest(paths: list[str], cwd: str = ".") -> dict[str, str]:
+    """A cheap fingerprint of each input: its manifest.json when the stage that made it wrote one
+    (content hash), else sizes and mtimes; "missing" when absent. Read where the data is."""
+    import hashlib
+    out = {}
+    for p in paths:
+        path = Path(cwd, p).expanduser()
+        manifest = path / "manifest.json" if path.is_dir() else None
+        if manifest is not None and manifest.is_file():
+            out[p] = "manifest:" + hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+        elif path.is_file():
+            st = path.stat()
+            out[p] = f"file:{st.st_size}:{st.st_mtime_ns}"
+        elif path.is_dir():
+            count = size = newest = 0
+            for f in path.rglob("*"):
+                if f.is_file():
+                    st = f.stat()
+                    count, size, newest = count + 1, size + st.st_size, max(newest, st.st_mtime_ns)
+            out[p] = f"dir:{count}:{size}:{newest}"
+        else:
+            out[p] = "missing"
+    return out
+
+
+VERBS = {
+    "inputs_digest": lambda a: inputs_digest(a["paths"], a.get("cwd", ".")),
+    "launch": lambda a: launch(a["work_dir"], a["spec"]),
+    "report": lambda a: report(a["work_dir"], a.get("stage")),
+    "stop": lambda a: stop(a["work_dir"], a["run_id"], a.get("grace_s", 30.0)),
+    "read_log": lambda a: {"data": base64.b64encode(read_log(a["work_dir"], a["run_id"], a.get("offset", 0),
+                                                             a.get("limit", 1 << 20))).decode()},
+    "facts": lambda a: __import__("eaglelab.host.hostfacts", fromlist=["facts"]).facts(
+        a["work_dir"], a.get("inputs", []), a.get("outputs", []), a.get("cwd", ".")),
+}
+
+# A Slurm login node answers these too (eaglelab.host.slurmside; imported only when asked for).
+for _verb in ("slurm_submit", "slurm_report", "slurm_stop", "slurm_facts"):
+    VERBS[_verb] = (lambda v: lambda a: __import__("eaglelab.host.slurmside", fromlist=["VERBS"]).VERBS[v](a))(_verb)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m eaglelab.host.hostside VERB 'JSON-ARGS'  ->  one JSON object on stdout."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] not in VERBS:
+        print(json.dumps({"error": f"usage: hostside {{{'|'.join(VERBS)}}} JSON"}))
+        return 2
+    try:
+        result = VERBS[argv[0]](json.loads(argv[1]))
+    except Exception as e:  # report, never a traceback on the wire
+        print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

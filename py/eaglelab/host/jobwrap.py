@@ -1,0 +1,184 @@
+"""jobwrap: run one stage command on its host and record how it went, whatever happens around it.
+
+Started detached (setsid + nohup, stdin from /dev/null) by `hostside.launch`. The wrapper is the
+session leader; the stage runs in a process group of its own, so that `lab stop` can signal the
+whole stage (TERM, then KILL) while the wrapper lives on to write `exit.json` — even when the
+stage dies of SIGKILL. Files of the run directory: see docs/interfaces.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from eaglelab.fsutil import atomic_write_json, read_json, utcnow_iso
+
+HEARTBEAT_S = 5.0
+ORPHAN_GRACE_S = 5.0
+# Every stage gets these: unbuffered Python output reaches the log as it happens, and Rich
+# (speculators' logger) would otherwise wrap metric lines at 80 columns when writing to a file.
+STAGE_ENV = {"PYTHONUNBUFFERED": "1", "COLUMNS": "1000"}
+
+
+def signal_name(sig: int | None) -> str | None:
+    if sig is None:
+        return None
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"SIG{sig}"
+
+
+def end_state(exit_code: int | None, sig: int | None) -> str:
+    if sig is not None:
+        return "killed"
+    return "completed" if exit_code == 0 else "failed"
+
+
+def _start_log_follower(run_dir: Path, stop: threading.Event) -> threading.Thread | None:
+    """Parse the log where it is written (tailer, if this install has it) into state.json."""
+    try:
+        from .tail import follow_run  # provided by the tailer; absent in a minimal install
+    except ImportError:
+        return None
+    t = threading.Thread(target=follow_run, args=(run_dir, stop), name="tailer", daemon=True)
+    t.start()
+    return t
+
+
+def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) -> int:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta = read_json(run_dir / "meta.json") or {}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup, also when not started through nohup
+
+    env = dict(os.environ)
+    env.update(STAGE_ENV)
+    env.update(env_extra)
+    env["EAGLELAB_RUN_DIR"] = str(run_dir)
+    env["EAGLELAB_RUN_ID"] = meta.get("run_id", run_dir.name)
+
+    log = open(run_dir / "output.log", "ab", buffering=0)
+    started = time.time()
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=cwd, env=env, start_new_session=True)
+    except OSError as e:
+        log.write(f"jobwrap: cannot start {command[0]!r} in {cwd!r}: {e}\n".encode())
+        meta.update(started_at=utcnow_iso(started), jobwrap_pid=os.getpid(), pid=None, pgid=None)
+        atomic_write_json(run_dir / "meta.json", meta)
+        atomic_write_json(run_dir / "exit.json", {
+            "schema": 1, "exit_code": 127, "signal": None, "signal_name": None,
+            "ended_at": utcnow_iso(), "state": "failed", "error": str(e)})
+        return 127
+
+    meta.update(started_at=utcnow_iso(started), jobwrap_pid=os.getpid(), pid=child.pid, pgid=child.pid,
+                command=command, cwd=cwd, env={k: env[k] for k in (*STAGE_ENV, *env_extra)})
+    meta.setdefault("schema", 1)
+    meta.setdefault("run_id", run_dir.name)
+    atomic_write_json(run_dir / "meta.json", meta)
+
+    # A TERM/INT to the wrapper itself is passed on to the stage; the wrapper still records the end.
+    def forward(signum, _frame):
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+
+    stop = threading.Event()
+
+    def heartbeat():
+        while not stop.is_set():
+            (run_dir / "heartbeat").write_text(utcnow_iso() + "\n")
+            stop.wait(HEARTBEAT_S)
+
+    threading.Thread(target=heartbeat, name="heartbeat", daemon=True).start()
+    follower = _start_log_follower(run_dir, stop)
+
+    while True:
+        try:
+            rc = child.wait()
+            break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
+            continue
+    ended = time.time()
+    exit_code, sig = (None, -rc) if rc < 0 else (rc, None)
+    # A server's worker processes exit a moment after its main process: only a group still there
+    # after ORPHAN_GRACE_S is reported (it may hold GPU memory).
+    orphans = _wait_group_gone(child.pid, ORPHAN_GRACE_S)
+    stop.set()
+    if follower is not None:
+        follower.join(timeout=10)  # let the tailer read the last lines before the end is recorded
+        _ensure_final_state(run_dir, follower)
+    atomic_write_json(run_dir / "exit.json", {
+        "schema": 1, "exit_code": exit_code, "signal": sig, "signal_name": signal_name(sig),
+        "ended_at": utcnow_iso(ended), "duration_s": round(ended - started, 3),
+        "state": end_state(exit_code, sig), "stop_requested": (run_dir / "stop_requested").exists(),
+        "orphans": orphans})
+    (run_dir / "heartbeat").write_text(utcnow_iso() + "\n")
+    log.close()
+    return rc if rc >= 0 else 128 - rc
+
+
+def _ensure_final_state(run_dir: Path, follower: threading.Thread) -> None:
+    """The recorded state must cover the whole log: if the live tailer did not get there (it is
+    still busy, or died), parse what it missed here, once, before the end is recorded."""
+    state = read_json(run_dir / "state.json") or {}
+    try:
+        size = (run_dir / "output.log").stat().st_size
+    except OSError:
+        return
+    if not follower.is_alive() and state.get("final") and state.get("log_bytes") == size:
+        return
+    print(f"jobwrap: the tailer {'is still busy' if follower.is_alive() else 'stopped early'} "
+          f"(state covers {state.get('log_bytes')} of {size} bytes); final pass here", flush=True)
+    try:
+        from .tail.run import RunFollower
+        RunFollower(run_dir).finish()
+    except Exception as e:  # the end must be recorded whatever the parser does
+        print(f"jobwrap: final parse failed: {type(e).__name__}: {e}", flush=True)
+
+
+def _wait_group_gone(pgid: int, grace_s: float) -> bool:
+    """True if processes of the group are still alive after grace_s."""
+    deadline = time.time() + grace_s
+    while group_alive(pgid):
+        if time.time() > deadline:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def group_alive(pgid: int) -> bool:
+    """True when processes of the stage's group outlived it (they may still hold GPU memory)."""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="jobwrap", description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", required=True, type=Path)
+    p.add_argument("--cwd", default=".")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not command:
+        p.error("no command after --")
+    env = dict(kv.split("=", 1) for kv in a.env)
+    return run(a.run_dir.resolve(), command, a.cwd, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

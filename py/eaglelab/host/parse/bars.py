@@ -1,0 +1,81 @@
+"""Every progress bar seen in a log, kept apart by (process prefix, label), with its history.
+
+The history — (n, total, elapsed_s, printed s/it) per observation — is what the ETA estimator
+needs (eaglelab.eta.bar_eta; the tailer and `lab parse` apply it, this package does not import it). It is
+bounded: when a bar has MAX_HISTORY observations, every other one is dropped, so the history
+still spans the whole bar at half the density and memory stays constant however long the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .progress import Progress
+
+MAX_HISTORY = 2048
+MAX_BARS = 256  # distinct bars kept; the oldest finished ones are forgotten first
+
+Observation = tuple[float, float | None, float | None, float | None]  # (n, total, elapsed_s, s/it printed)
+
+
+@dataclass(slots=True)
+class BarTrack:
+    label: str
+    prefix: str
+    latest: Progress
+    first_line: int
+    last_line: int
+    updated_at: float | None            # clock time of the last observation (live tailing)
+    history: list[Observation] = field(default_factory=list)
+    observations: int = 0                # how many were seen (history may hold fewer)
+    restarts: int = 0                    # times the bar started again from a lower n
+
+    @property
+    def finished(self) -> bool:
+        t = self.latest.total
+        return t is not None and self.latest.n >= t
+
+
+class BarBook:
+    def __init__(self) -> None:
+        self.bars: dict[tuple[str, str], BarTrack] = {}
+        self.current: BarTrack | None = None
+
+    def observe(self, p: Progress, line: int, now: float | None) -> tuple[BarTrack, bool]:
+        """Record p; returns its track and whether it moved on (n changed, or a new bar)."""
+        key = (p.prefix, p.label)
+        track = self.bars.get(key)
+        if track is None:
+            if len(self.bars) >= MAX_BARS:
+                self._forget_one()
+            track = BarTrack(p.label, p.prefix, p, line, line, now)
+            self.bars[key] = track
+            advanced = True
+        else:
+            prev = track.latest
+            if p.n == prev.n and p.elapsed_s == prev.elapsed_s and p.total == prev.total:
+                track.latest = p  # tqdm's duplicated final line, or a redraw: nothing new
+                track.last_line = line
+                self.current = track
+                return track, False
+            if p.n < prev.n or (p.elapsed_s is not None and prev.elapsed_s is not None and p.elapsed_s < prev.elapsed_s):
+                track.history.clear()  # the same bar started over (next epoch, a retry)
+                track.restarts += 1
+                track.first_line = line
+            advanced = p.n != prev.n or p.total != prev.total
+            track.latest = p
+            track.last_line = line
+        if advanced or now is not None:
+            track.updated_at = now if advanced else track.updated_at
+        track.observations += 1
+        track.history.append((p.n, p.total, p.elapsed_s, p.rate_s_per_it))
+        if len(track.history) > MAX_HISTORY:
+            track.history = track.history[::2]
+        self.current = track
+        return track, advanced
+
+    def _forget_one(self) -> None:
+        victims = [k for k, t in self.bars.items() if t.finished and t is not self.current] or \
+                  [k for k, t in self.bars.items() if t is not self.current]
+        oldest = min(victims, key=lambda k: self.bars[k].last_line)
+        del self.bars[oldest]

@@ -1,0 +1,417 @@
+"""One run's state machine: lines and frames in, the state JSON (schema 1) out.
+
+Pure: no files, no clock of its own. The tailer (live) passes the time each line was read; `lab
+parse` passes none and durations come from the log's own timestamps. See docs/interfaces.md for
+the JSON and README "Watching logs" for the rules in words.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from typing import Callable
+
+from eaglelab.figures import seconds
+from eaglelab.fsutil import utcnow_iso
+from . import markers, speculators, vllm
+from .ansi import strip_ansi
+from .bars import BarBook, BarTrack
+from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, Event
+from .failures import GENERIC, Candidate, FailureRecognizer
+from .prefixes import split_prefix
+from .progress import parse_bar, split_glued
+from .records import LogClock, parse_record
+from .stall import check_stall
+
+SCHEMA = 1
+MAX_CANDIDATES = 64
+MAX_PHASES = 512
+MAX_METRICS = 256
+MAX_POINTS = 1000  # per metric; past it every other point goes (the curve keeps its whole span)
+FAILURE_GRACE_S = 30.0  # live: a failure line with no exit yet is only "suspected" this long
+_RECOGNIZERS = (markers.recognize, vllm.recognize, speculators.recognize)
+_BAR_PHASES = {**vllm.BAR_PHASES, **speculators.BAR_PHASES}
+_MOVING = frozenset((METRIC, PHASE_START, PHASE_END, READY))
+
+
+# (observations, total, label, tqdm's printed remaining) -> (eta_s, eta_low_s, eta_high_s): the
+# estimator, given by whoever runs the parser (eaglelab.eta.bar_eta); without one, tqdm's number.
+BarEta = Callable[[list, "float | None", str, "float | None"], tuple]
+
+
+def _tqdm_only(observations: list, total: float | None, label: str, remaining_s: float | None) -> tuple:
+    return remaining_s, None, None
+
+
+class LogState:
+    def __init__(self, expected_phase_s: dict[str, float] | None = None, bar_eta: BarEta | None = None) -> None:
+        self.bar_eta = bar_eta or _tqdm_only
+        self.lines = 0            # newline-terminated lines read (the caller counts them)
+        self.bad_lines = 0        # lines a recognizer choked on (counted, skipped)
+        self.garbled = 0          # lines the reader had to mend: invalid UTF-8, over-long (the caller counts them)
+        self.frames = 0           # \r-frames looked at
+        self.bars = BarBook()
+        self.clock = LogClock()
+        self.expected_phase_s = expected_phase_s
+        self._failures = FailureRecognizer()
+        self.candidates: list[tuple[Candidate, float | None]] = []
+        self.dismissed = 0
+        self.done_line: int | None = None
+        self.done_message = ""
+        self.shutdown_line: int | None = None
+        self.ready_line: int | None = None
+        self.phases: list[dict] = []
+        self._open: dict | None = None
+        self._open_t: tuple[float | None, float | None] = (None, None)  # (log time, clock) at start
+        self.metrics: dict[str, list[list[float]]] = {}
+        self._metric_count: dict[str, int] = {}
+        self._step_in: object = None   # the last step given to _add_metric, and its x
+        self._step_x: float | int = 0
+        self.last_activity_at: float | None = None
+        self.stuck_stats = 0
+        self.stats_message = ""
+        self._log_t: float | None = None
+        self.last_line = ""       # the last non-blank line: what a failure without a named reason shows
+        self.last_line_no: int | None = None
+        self._ended = False
+
+    # ---- input -------------------------------------------------------------------------------
+
+    def feed_line(self, text: str, lineno: int, now: float | None = None) -> None:
+        """A line's visible text (after the last \\r of the line)."""
+        try:
+            self._feed(text, lineno, now)
+        except Exception:  # noqa: BLE001 - a garbled line is counted, never fatal
+            self.bad_lines += 1
+
+    def feed_frame(self, text: str, lineno: int, now: float | None = None) -> None:
+        """A \\r-terminated frame of line lineno (a progress bar being redrawn, usually)."""
+        self.frames += 1
+        try:
+            self._feed(text, lineno, now)
+        except Exception:  # noqa: BLE001 - as feed_line
+            self.bad_lines += 1
+
+    def feed_provisional(self, text: str, lineno: int, now: float | None = None) -> None:
+        """The newest, not yet terminated frame (live tailing): only a progress bar is read from it.
+
+        It comes again once terminated; the bar book takes the repeat as no news.
+        """
+        try:
+            split = split_prefix(strip_ansi(text))
+            p = parse_bar(split.message, split.prefix)
+            if p is not None:
+                self._on_bar(p, lineno, now)
+        except Exception:  # noqa: BLE001
+            self.bad_lines += 1
+
+    def _feed(self, text: str, lineno: int, now: float | None) -> None:
+        if not text:
+            return
+        split = split_prefix(strip_ansi(text))
+        prefix, msg = split.prefix, split.message
+        if msg and not msg.isspace():
+            self.last_line, self.last_line_no = msg, lineno
+        if msg.endswith("]"):
+            p = parse_bar(msg, prefix)
+            if p is not None:
+                self._on_bar(p, lineno, now)
+                return
+        elif "]" in msg:
+            glued = split_glued(msg)
+            if glued is not None:
+                p = parse_bar(glued[0], prefix)
+                if p is not None:
+                    self._on_bar(p, lineno, now)
+                    msg = glued[1]
+        rec = parse_record(msg)
+        if rec.time is not None:
+            self._log_t = self.clock.seconds(rec)
+        events: list[Event] = []
+        for recognize in _RECOGNIZERS:
+            events = recognize(rec.message)
+            if events:
+                break
+        if events:
+            moved = False  # a metric, a phase, readiness: the process shows it goes on
+            for ev in events:
+                if ev.kind == METRIC:  # most events of a training log: kept short
+                    self._add_metric(ev.name, float(ev.value), ev.step)
+                    moved = True
+                else:
+                    self._on_event(ev, prefix, lineno, now)
+                    moved = moved or ev.kind in _MOVING
+            if moved:
+                self._activity(prefix, now)
+        cand = self._failures.feed(prefix, rec.level, rec.message, lineno)
+        if cand is not None:
+            self._add_candidate(cand, now)
+
+    def _on_bar(self, p, lineno: int, now: float | None) -> None:
+        track, advanced = self.bars.observe(p, lineno, now)
+        phase = _BAR_PHASES.get(p.label)
+        if phase is not None and (self._open is None or self._open["name"] != phase) and not track.finished:
+            self._start_phase(phase, "", lineno, now)
+        # A bar moving on shows the process goes on; a bar seen for the first time part way through
+        # does not survive a failure line: tqdm redraws a bar once more when an exception closes it.
+        if advanced:
+            self._activity(p.prefix, now, survives=track.observations > 1 or p.n == 0)
+
+    def _on_event(self, ev: Event, prefix: str, lineno: int, now: float | None) -> None:
+        kind = ev.kind
+        if kind == METRIC:
+            self._add_metric(ev.name, float(ev.value), ev.step)
+        elif kind == PHASE_START:
+            self._start_phase(ev.name, ev.detail, lineno, now)
+        elif kind == PHASE_END:
+            self._end_phase(ev.name, lineno, now, ev.value)
+        elif kind == READY:
+            self.ready_line = lineno
+            self._dismiss(None)
+        elif kind == END:
+            if ev.name == "done":
+                self.done_line, self.done_message = lineno, ev.message
+                self._dismiss(None)
+                self._end_phase(None, lineno, now, None)
+            else:
+                self.shutdown_line = lineno
+        elif kind == STALL_HINT:
+            self.stuck_stats = self.stuck_stats + 1 if ev.value else 0
+            self.stats_message = ev.message
+        elif kind == FAILURE:
+            self._add_candidate(Candidate(ev.name, ev.message, lineno, prefix, True), now)
+
+    # ---- phases, metrics, failures ----------------------------------------------------------
+
+    def _start_phase(self, name: str, detail: str, lineno: int, now: float | None) -> None:
+        if self._open is not None:
+            self._end_phase(None, lineno, now, None)
+        ph: dict = {"name": name, "started_line": lineno, "ended_line": None, "duration_s": None}
+        if detail:
+            ph["detail"] = detail
+        if now is not None:
+            ph["started_at"] = utcnow_iso(now)
+        self.phases.append(ph)
+        if len(self.phases) > MAX_PHASES:
+            del self.phases[0]
+        self._open = ph
+        self._open_t = (self._log_t, now)
+
+    def _end_phase(self, name: str | None, lineno: int, now: float | None, printed_s: float | None) -> None:
+        ph = self._open
+        if ph is None or (name is not None and ph["name"] != name):
+            if name is not None and printed_s is not None and (ph is None or ph["name"] != name):
+                # An end without its start (the start line scrolled by, or it has none): still a phase.
+                done = {"name": name, "started_line": None, "ended_line": lineno, "duration_s": printed_s}
+                self.phases.append(done)
+            return
+        log_t0, clock_t0 = self._open_t
+        duration = printed_s
+        if duration is None and log_t0 is not None and self._log_t is not None:
+            duration = self._log_t - log_t0
+        if duration is None and clock_t0 is not None and now is not None:
+            duration = now - clock_t0
+        ph["ended_line"] = lineno
+        ph["duration_s"] = None if duration is None else round(float(duration), 3)
+        if now is not None:
+            ph["ended_at"] = utcnow_iso(now)
+        self._open = None
+
+    def _add_metric(self, name: str, value: float, step: float | int | None) -> None:
+        series = self.metrics.get(name)
+        if series is None:
+            if len(self.metrics) >= MAX_METRICS:
+                return
+            series = self.metrics[name] = []
+        index = self._metric_count.get(name, 0)
+        self._metric_count[name] = index + 1
+        if step is None:
+            x = index
+        elif step is self._step_in:
+            x = self._step_x  # the same step object as the metric before (one line's metrics share it)
+        else:
+            x = float(step)
+            x = int(x) if x.is_integer() else x
+            self._step_in, self._step_x = step, x
+        series.append([x, value])
+        if len(series) > MAX_POINTS:
+            self.metrics[name] = series[::2]
+
+    def _add_candidate(self, cand: Candidate, now: float | None) -> None:
+        if len(self.candidates) < MAX_CANDIDATES:
+            self.candidates.append((cand, now))
+        elif cand.specific and not any(c.specific for c, _ in self.candidates):
+            self.candidates[-1] = (cand, now)
+
+    def _activity(self, prefix: str, now: float | None, survives: bool = True) -> None:
+        """The process showed it goes on: failure lines from the same process were survived."""
+        if now is not None:
+            self.last_activity_at = now
+        if self.candidates and survives:
+            self._dismiss(prefix)
+
+    def _dismiss(self, prefix: str | None) -> None:
+        keep = [(c, t) for c, t in self.candidates if prefix is not None and c.prefix != prefix]
+        self.dismissed += len(self.candidates) - len(keep)
+        self.candidates = keep
+
+    def end_of_log(self) -> None:
+        """The log is complete (a finished file, or a run that has exited): a traceback still open
+        is where the process died (the rule is README "Watching logs"). Idempotent."""
+        if self._ended:
+            return
+        self._ended = True
+        for cand in self._failures.open_tracebacks():
+            self._add_candidate(cand, None)
+
+    def failure(self) -> Candidate | None:
+        """The root cause among the failure lines not survived: the first with a named cause (cuda_oom,
+        nccl_error, ...), else the first specific one (`other`), else the first."""
+        if not self.candidates:
+            return None
+        for c, _ in self.candidates:
+            if c.specific and c.reason not in GENERIC:
+                return c
+        for c, _ in self.candidates:
+            if c.specific:
+                return c
+        return self.candidates[0][0]
+
+    # ---- output ------------------------------------------------------------------------------
+
+    def bar_histories(self) -> dict[tuple[str, str], list[tuple]]:
+        """(prefix, label) -> [(n, total, elapsed_s, s/it), ...] for every bar: the ETA estimator's input."""
+        return {k: list(t.history) for k, t in self.bars.bars.items()}
+
+    def snapshot(self, now: float | None = None, alive: bool | None = None,
+                 exit_info: dict | None = None, include_history: bool = False) -> dict:
+        cur = self.bars.current
+        fail = self.failure()
+        suspect = None
+        if fail is not None and alive and exit_info is None:
+            seen_at = next(t for c, t in self.candidates if c is fail)
+            if now is not None and seen_at is not None and now - seen_at < FAILURE_GRACE_S:
+                suspect, fail = fail, None
+        stall = None
+        if alive and exit_info is None or (alive is None and exit_info is None):
+            stall = check_stall(
+                now=now if alive else None, last_activity_at=self.last_activity_at,
+                bar_unfinished=cur is not None and not cur.finished,
+                bar_s_per_it=cur.latest.rate_s_per_it if cur else None,
+                stuck_stats_lines=self.stuck_stats, stats_message=self.stats_message,
+                phase=self._open["name"] if self._open else None, phase_started_at=self._open_t[1],
+                expected_phase_s=self.expected_phase_s)
+        if fail is not None:
+            state = "failed"
+        elif self.done_line is not None or self.shutdown_line is not None and suspect is None:
+            state = "completed"
+        elif stall is not None:
+            state = "stalled"
+        else:
+            state = "running"
+        out: dict = {
+            "schema": SCHEMA,
+            "state": state,
+            "failure": _failure_json(fail),
+            "progress": _progress_json(cur, self.bar_eta) if cur else None,
+            "phase": self._open["name"] if self._open else None,
+            "phases": [dict(p) for p in self.phases],
+            "metrics": {k: [list(x) for x in v] for k, v in self.metrics.items()},
+            "lines": self.lines,
+            "bad_lines": self.bad_lines + self.garbled,
+            "frames": self.frames,
+            "ready": self.ready_line is not None,
+            "end_marker": self.done_message or None,
+            "last_line": self.last_line.strip()[:500] or None,
+            "stall": None if stall is None else {"reason": stall.reason, "message": stall.message, "idle_s": stall.idle_s},
+            "failures_survived": self.dismissed,
+            "progress_bars": [_bar_summary(t, include_history) for t in self.bars.bars.values()],
+        }
+        if suspect is not None:
+            out["suspect"] = _failure_json(suspect)
+        if exit_info is not None:
+            out = combine_with_exit(out, exit_info)
+        return out
+
+
+def _failure_json(c: Candidate | None) -> dict | None:
+    if c is None:
+        return None
+    return {"reason": c.reason, "message": c.message[:2000], "line": c.line, "process": c.prefix or None}
+
+
+def _progress_json(t: BarTrack, bar_eta: BarEta) -> dict:
+    p = t.latest
+    eta_s, eta_low_s, eta_high_s = bar_eta(t.history, p.total, t.label, p.remaining_s)
+    return {"label": p.label, "prefix": p.prefix or None, "n": p.n, "total": p.total, "unit": p.unit,
+            "percent": p.percent, "rate_s_per_it": p.rate_s_per_it, "elapsed_s": p.elapsed_s,
+            "eta_s": seconds(eta_s), "eta_low_s": seconds(eta_low_s), "eta_high_s": seconds(eta_high_s),
+            "observed_at": _iso(t.updated_at), "tqdm_remaining_s": p.remaining_s, "postfix": p.postfix,
+            "line": t.last_line, "history": _rate_history(t)}
+
+
+PROGRESS_HISTORY_POINTS = 256  # state.json stays small: the status page plots time per item from these
+
+
+def _rate_history(t: BarTrack) -> list[list[float]]:
+    """The current bar's [elapsed_s, n] samples (for the status page's rate plot), evenly thinned to
+    at most PROGRESS_HISTORY_POINTS, first and last kept."""
+    pts = _elapsed_n(t)
+    if len(pts) <= PROGRESS_HISTORY_POINTS:
+        return pts
+    step = (len(pts) - 1) / (PROGRESS_HISTORY_POINTS - 1)
+    return [pts[round(i * step)] for i in range(PROGRESS_HISTORY_POINTS)]
+
+
+def _iso(ts: float | None) -> str | None:
+    """The live clock time of the bar's last advance (annotate counts the time since it)."""
+    return None if ts is None else utcnow_iso(ts)
+
+
+def _bar_summary(t: BarTrack, include_history: bool) -> dict:
+    p = t.latest
+    out = {"label": t.label, "prefix": t.prefix or None, "n": p.n, "total": p.total, "elapsed_s": p.elapsed_s,
+           "rate_s_per_it": p.rate_s_per_it, "first_line": t.first_line, "last_line": t.last_line,
+           "observations": t.observations, "restarts": t.restarts, "finished": t.finished}
+    if include_history:
+        out["history"] = _elapsed_n(t)  # the same shape as progress.history
+    return out
+
+
+def _elapsed_n(t: BarTrack) -> list[list[float]]:
+    """A bar's [elapsed_s, n] samples: THE shape of a bar's history in the state JSON."""
+    return [[e, n] for n, _total, e, _rate in t.history if e is not None and n is not None]
+
+
+def combine_with_exit(log_state: dict, exit_info: dict) -> dict:
+    """The run's final state from its log state and jobwrap's exit.json.
+
+    Exit 0 is completed (with or without an end marker); a stop that `lab stop` asked for, or a
+    TERM/INT, is killed; any other end is failed, with the reason the log named, else the one the
+    exit status suggests (SIGKILL or 137: host_oom_killed; 124: timeout), else `other`.
+    """
+    out = dict(log_state)
+    code, sig = exit_info.get("exit_code"), exit_info.get("signal")
+    out["exit"] = {"exit_code": code, "signal": sig, "signal_name": exit_info.get("signal_name")}
+    out.pop("suspect", None)
+    out["stall"] = None
+    named = log_state.get("failure") or log_state.get("suspect")
+    if code == 0:
+        out.update(state="completed", failure=None)
+    elif exit_info.get("stop_requested") or sig in (_signal.SIGTERM, _signal.SIGINT) or code == 130:
+        out.update(state="killed", failure=None)
+    else:
+        failure = named
+        if failure is None:
+            if sig == _signal.SIGKILL or code == 137:
+                failure = {"reason": "host_oom_killed", "line": None, "process": None,
+                           "message": "killed by SIGKILL with no reason in the log (the kernel's OOM killer "
+                                      "is the usual sender; see `dmesg`)"}
+            elif code == 124:
+                failure = {"reason": "timeout", "line": None, "process": None, "message": "exit code 124 (timeout)"}
+            else:
+                what = f"signal {sig} ({exit_info.get('signal_name')})" if sig is not None else f"exit code {code}"
+                last = log_state.get("last_line")
+                failure = {"reason": "other", "line": None, "process": None,
+                           "message": f"ended by {what}; last line: {last}" if last else f"ended by {what}; the log is empty"}
+        out.update(state="failed", failure=failure)
+    return out

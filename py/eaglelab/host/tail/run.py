@@ -1,0 +1,216 @@
+"""Follow one run directory: its output.log into its state.json, live, until told to stop.
+
+Used in-process by jobwrap (`follow_run` in a thread) and by `lab tail` for many runs at once.
+state.json is written atomically, at most every MIN_WRITE_S while lines arrive (so p95 latency
+from a line written to the state updated stays far under 250 ms), and every IDLE_WRITE_S while
+nothing arrives (so a stall shows without new lines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from eaglelab.fsutil import atomic_write_bytes, read_json, utcnow_iso
+
+from ..parse.state import LogState, combine_with_exit
+from .follower import FileFollower
+from .frames import FrameSplitter
+from .whole import bar_eta
+
+MIN_WRITE_S = 0.05
+WRITE_DUTY = 10.0       # wait at least this many times the last write's cost before the next
+IDLE_WRITE_S = 5.0
+POLL_S = 1.0            # read the file at least this often even without a watchdog event
+HEARTBEAT_FRESH_S = 15.0
+
+
+def earlier_phase_durations(run_dir: Path, limit: int = 10) -> dict[str, float]:
+    """Median duration of each phase in the latest `limit` earlier runs of the same stage.
+
+    Runs of a stage are sibling directories named `<stage>-<time>-<hex>` (docs/interfaces.md);
+    their state.json lists phases with durations. Used to call a phase that runs far longer than
+    it used to stalled.
+    """
+    run_dir = Path(run_dir)
+    stage = (read_json(run_dir / "meta.json") or {}).get("stage") or run_dir.name.rsplit("-", 2)[0]
+    own = re.compile(re.escape(stage) + r"-\d{8}T\d{6}-[0-9a-f]+")  # not `serve-x-…` for stage `serve`
+    try:
+        siblings = sorted((p for p in run_dir.parent.glob(f"{stage}-*")
+                           if p != run_dir and own.fullmatch(p.name) and p.is_dir()), key=lambda p: p.name)[-limit:]
+    except OSError:
+        return {}
+    seen: dict[str, list[float]] = {}
+    for sib in siblings:
+        st = read_json(sib / "state.json") or {}
+        for ph in st.get("phases") or []:
+            if isinstance(ph, dict) and isinstance(ph.get("duration_s"), (int, float)) and ph.get("name"):
+                seen.setdefault(ph["name"], []).append(float(ph["duration_s"]))
+    return {name: statistics.median(v) for name, v in seen.items() if v}
+
+
+class RunFollower:
+    """The parser and the file reader of one run; read() takes in what was appended, write() the state."""
+
+    def __init__(self, run_dir: Path, clock=time.time) -> None:
+        self.run_dir = Path(run_dir)
+        self.clock = clock
+        self.state = LogState(expected_phase_s=earlier_phase_durations(self.run_dir), bar_eta=bar_eta)
+        self.reader = FileFollower(self.run_dir / "output.log")
+        self._now: float | None = None
+        self.splitter = FrameSplitter(self._line, self._frame, on_provisional=self._provisional)
+        self.dirty = True
+        self.last_write = 0.0
+        self.write_cost_s = 0.0
+        self.writes = 0
+
+    def _line(self, text: str, lineno: int) -> None:
+        self.state.feed_line(text, lineno, self._now)
+
+    def _frame(self, text: str, lineno: int) -> None:
+        self.state.feed_frame(text, lineno, self._now)
+
+    def _provisional(self, text: str, lineno: int) -> None:
+        self.state.feed_provisional(text, lineno, self._now)
+
+    def read(self) -> int:
+        """Read what was appended; returns the number of bytes."""
+        got = 0
+        for kind, data in self.reader.read_new():
+            self._now = self.clock()
+            if kind == "reset":
+                self.splitter.reset()
+                continue
+            got += len(data)
+            self.splitter.feed(data)
+        if got:
+            self.state.lines = self.splitter.lines
+            self.state.garbled = self.splitter.bad
+            self.dirty = True
+        return got
+
+    def snapshot(self, final: bool = False) -> dict:
+        now = self.clock()
+        exit_info = read_json(self.run_dir / "exit.json")
+        alive = None if exit_info else process_alive(self.run_dir, now)
+        if exit_info is not None:
+            self.state.end_of_log()  # the process has exited: its log is complete
+        snap = self.state.snapshot(now=now, alive=alive, exit_info=exit_info)
+        snap["updated_at"] = utcnow_iso(now)
+        snap["log_bytes"] = self.reader.offset
+        snap["final"] = final or exit_info is not None
+        return snap
+
+    def write(self, final: bool = False) -> dict:
+        t0 = time.perf_counter()
+        snap = self.snapshot(final)
+        write_state(self.run_dir / "state.json", snap)
+        self.write_cost_s = time.perf_counter() - t0
+        self.last_write = self.clock()
+        self.writes += 1
+        self.dirty = False
+        return snap
+
+    @property
+    def min_interval_s(self) -> float:
+        """Writes throttled to MIN_WRITE_S, or longer when a write costs much (a big state): writing
+        state.json takes at most a tenth of one core, however chatty the log."""
+        return max(MIN_WRITE_S, WRITE_DUTY * self.write_cost_s)
+
+    def finish(self) -> dict:
+        """Final pass: read to EOF, count the partial last line, write the final state."""
+        self.read()
+        self._now = self.clock()
+        self.splitter.flush()
+        self.state.lines = self.splitter.lines
+        self.state.garbled = self.splitter.bad
+        snap = self.write(final=True)
+        self.reader.close()
+        return snap
+
+
+def write_state(path: Path, state: dict) -> None:
+    """Atomically (temp + fsync + rename), compact: it is rewritten often and metric curves are long."""
+    atomic_write_bytes(path, json.dumps(state, separators=(",", ":")).encode() + b"\n")
+
+
+def process_alive(run_dir: Path, now: float) -> bool | None:
+    """Whether the stage's process lives: its pid exists (not a zombie) or jobwrap's heartbeat is fresh.
+
+    None when the run directory says nothing about a process (a bare log).
+    """
+    meta = read_json(run_dir / "meta.json") or {}
+    pid = meta.get("pid")
+    if isinstance(pid, int) and pid > 0:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+        except (OSError, IndexError):
+            return True
+    try:
+        beat = os.stat(run_dir / "heartbeat").st_mtime
+    except FileNotFoundError:
+        return None
+    return now - beat < HEARTBEAT_FRESH_S
+
+
+def follow_run(run_dir: Path, stop: threading.Event) -> None:
+    """Tail run_dir/output.log into run_dir/state.json until stop is set; then a final pass.
+
+    jobwrap runs this in a thread and writes exit.json after it returns: the final state here is
+    the log's; `run_state(run_dir)` combines it with exit.json for readers.
+    """
+    from .watch import DirWatch
+
+    run_dir = Path(run_dir)
+    follower = RunFollower(run_dir)
+    changed = threading.Event()
+    watch = DirWatch()
+    try:
+        watch.add(run_dir, changed)
+    except OSError:
+        watch = None  # no inotify (e.g. out of watches): polling alone still works
+    try:
+        while not stop.is_set():
+            follower.read()
+            now = follower.clock()
+            since = now - follower.last_write
+            if follower.dirty and since >= follower.min_interval_s or since >= IDLE_WRITE_S:
+                follower.write()
+                timeout = POLL_S
+            elif follower.dirty:
+                timeout = follower.min_interval_s - since
+            else:
+                timeout = min(POLL_S, IDLE_WRITE_S - since)
+            changed.wait(max(0.0, timeout))
+            changed.clear()
+        follower.finish()
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
+def run_state(run_dir: Path) -> dict | None:
+    """state.json combined with exit.json when the run has ended: what status readers should show."""
+    run_dir = Path(run_dir)
+    state = read_json(run_dir / "state.json")
+    if state is None:
+        return None
+    exit_info = read_json(run_dir / "exit.json")
+    if exit_info is not None and "exit" not in state:
+        state = combine_with_exit(state, exit_info)
+    return state
+
+
+__all__ = ["follow_run", "run_state", "RunFollower", "process_alive"]

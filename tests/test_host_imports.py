@@ -1,0 +1,22 @@
+"""The host side runs in whatever venv a host has: a host made from a small lock (tests/test_ssh_sync)
+or an old one must still answer `python -m eaglelab.host.hostside`. So nothing under eaglelab.host
+may import the controller's libraries (click, pydantic, flask, rich) at import time."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST_MODULES = ["eaglelab.host.hostside", "eaglelab.host.jobwrap", "eaglelab.host.hostfacts",
+                "eaglelab.host.slurmside", "eaglelab.host.tail.run", "eaglelab.host.tail.whole",
+                "eaglelab.host.parse.state"]
+CONTROLLER_ONLY = ["click", "pydantic", "flask", "rich", "waitress", "eaglelab.control"]
+
+
+def test_host_side_imports_without_the_controllers_libraries():
+    code = ("import sys\n"
+            f"for m in {CONTROLLER_ONLY!r}: sys.modules[m] = None  # any import of it fails\n"
+            f"import importlib\nfor m in {HOST_MODULES!r}: importlib.import_module(m)\n"
+            "print('ok')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": str(ROOT / "py"), "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
