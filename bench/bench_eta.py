@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import math
 import statistics
 import sys
 from dataclasses import dataclass, field

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from eaglelab.fsutil import parse_iso
 
-FINAL = ("completed", "failed", "killed")
+from eaglelab.model import FINAL, exit_text
 MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 
 
@@ -167,13 +167,7 @@ def cell(stage: dict, run: dict | None, hosts: dict[str, dict], now: float) -> d
     service = serving_view(stage, run, now) if state == "running" else None
     fin, src = run_finish(run, stage, now) if state in ("running", "stalled", "unreachable") and not service \
         else (None, "")
-    detail = ""
-    if run.get("signal"):
-        detail = f"signal {run['signal']}"
-    elif run.get("exit_code") not in (None, 0):
-        detail = f"exit {run['exit_code']}"
-    elif run.get("lost"):
-        detail = "lost (jobwrap vanished)"
+    detail = exit_text(run)
     return {
         "stage": str(stage.get("name")), "host": str(stage.get("host")), "state": state,
         "run_id": run.get("id"), "phase": ls.get("phase") if isinstance(ls.get("phase"), str) else None,
@@ -500,11 +494,7 @@ def exit_view(run: dict) -> str:
     state = run.get("state")
     if state in ("running", "pending"):
         return f"{state} (pid {run.get('pid')})" if run.get("pid") else str(state)
-    if run.get("signal"):
-        return f"{state}: signal {run['signal']}" + (" (stop requested)" if run.get("stop_requested") else "")
-    if run.get("lost"):
-        return f"{state}: jobwrap vanished (host rebooted or wrapper killed); no exit status"
-    return f"{state}: exit code {run.get('exit_code')}"
+    return f"{state}: {exit_text(run) or 'exit code 0'}" + (" (stop requested)" if run.get("stop_requested") else "")
 
 
 _ANSI = __import__("re").compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b.")

@@ -16,7 +16,7 @@ from eaglelab.fsutil import parse_iso
 
 LOG_BYTES = 256 * 1024  # the summary lines are at the end of short logs
 HISTORY = 20
-FINAL = ("completed", "failed", "killed")
+from eaglelab.model import FINAL
 
 _SUMMARY = re.compile(r"eval summary: acceptance_rate=(?P<rate>[\d.eE+-]+) mean_acceptance_length=(?P<len>[\d.eE+-]+)"
                       r" speedup=(?P<speedup>[\d.eE+-]+|nan|inf) verdict=(?P<verdict>\w+)")

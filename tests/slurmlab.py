@@ -206,8 +206,8 @@ PartitionName={self.partition} Nodes={self.name} Default=YES MaxTime=INFINITE St
     def kill_slurmd(self) -> None:
         self._kill("slurmd")
 
-    def kill_slurmctld(self) -> None:
-        self._kill("slurmctld")
+    def kill_slurmctld(self, sig: int = signal.SIGKILL) -> None:
+        self._kill("slurmctld", sig)
 
     # -- teardown -----------------------------------------------------------------------------
 

@@ -109,7 +109,7 @@ def test_a_killed_stage_is_a_failure_with_its_signal(hooked):
     lab.lab("run", "sleepy", "--detach")
     run = lab.wait_for(lambda: [r for r in lab.runs("sleepy") if r["state"] == "running" and r.get("pid")])[0]
     os.kill(run["pid"], signal.SIGKILL)  # the stage dies (OOM killer, a person with kill -9)
-    pollers(lab, "sleepy", "killed", n=2)
+    pollers(lab, "sleepy", "failed", n=2)
     assert notifications(lab) == [("failed", "sleepy")]
     lab.wait_for(lambda: receiver.json("/g"))
     (got,) = receiver.json("/g")

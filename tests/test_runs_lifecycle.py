@@ -69,13 +69,18 @@ def test_detached_stage_survives_lab_and_its_shell(tmplab):
     assert b"tick: done" in log and b"\r" in log  # tqdm frames reach the log raw
 
 
-def test_sigkill_from_outside_ends_killed_with_signal_9(tmplab):
+def test_sigkill_from_outside_ends_failed_host_oom_killed_with_signal_9(tmplab):
     tmplab.write_pipeline(PIPELINE)
     tmplab.lab("run", "sleeper", "--detach")
     run = tmplab.runs("sleeper")[0]
     os.kill(_meta(tmplab, run["id"])["pid"], signal.SIGKILL)
     done = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"]))["state"] != "running" and r)
-    assert (done["state"], done["signal"], done["exit_code"]) == ("killed", 9, None)
+    # nobody asked for it: a failure, the same at run level and in the log state (one rule)
+    assert (done["state"], done["signal"], done["exit_code"]) == ("failed", 9, None)
+    exit_json = json.loads((tmplab.work / "runs" / run["id"] / "exit.json").read_text())
+    assert exit_json["state"] == "failed" and exit_json["signal_name"] == "SIGKILL"
+    log_state = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"])).get("log_state") and r["log_state"])
+    assert (log_state["state"], log_state["failure"]["reason"]) == ("failed", "host_oom_killed")
 
 
 def test_exit_3_ends_failed_with_exit_code_3_and_is_rerun(tmplab):

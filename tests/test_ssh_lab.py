@@ -113,7 +113,7 @@ def test_cut_link_keeps_job_running_and_mirror_equals_host_log(sshlab):
     assert b"tick: done" in mirror.read_bytes()
 
 
-def test_job_sigkilled_on_host_ends_killed_by_signal_9(sshlab):
+def test_job_sigkilled_on_host_ends_failed_by_signal_9(sshlab):
     sshlab.write({"victim": tick("h3", 300, 0.1)}, hosts=["h3"])
     sshlab.lab("run", "victim", "--detach")
     run_id = host_run_ids(sshlab, "h3")[0]
@@ -121,8 +121,8 @@ def test_job_sigkilled_on_host_ends_killed_by_signal_9(sshlab):
     pid = wait_for(lambda: json.loads(meta.read_text()).get("pid"))
     os.kill(pid, signal.SIGKILL)  # the host's OOM killer, or a user's kill -9
     run = wait_for(lambda: (r := sshlab.status()["runs"][0])["state"] != "running" and r, timeout=20)
-    assert (run["state"], run["signal"], run["exit_code"]) == ("killed", 9, None)
-    assert run["ended_at"]
+    assert (run["state"], run["signal"], run["exit_code"]) == ("failed", 9, None)
+    assert run["ended_at"] and run["log_state"]["failure"]["reason"] == "host_oom_killed"
 
 
 def test_stop_reaches_the_remote_process_group(sshlab):

@@ -168,7 +168,7 @@ def test_hostside_names_the_run_holding_each_gpu(tmp_path, monkeypatch):
     import os
     import subprocess
     import sys
-    from eaglelab.host import hostside
+    from eaglelab.host import hostside, machine
     stage = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         smi = tmp_path / "bin" / "nvidia-smi"
@@ -180,8 +180,8 @@ def test_hostside_names_the_run_holding_each_gpu(tmp_path, monkeypatch):
                        "esac\n")
         smi.chmod(0o755)
         monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
-        devices = hostside.gpus()
-        hostside.mark_gpu_holders(devices, [{"id": "extract-1", "state": "running", "pgid": stage.pid},
+        devices = machine.gpus()
+        machine.mark_gpu_holders(devices, [{"id": "extract-1", "state": "running", "pgid": stage.pid},
                                             {"id": "old-1", "state": "completed", "pgid": os.getpgid(0)}])
         assert devices[0]["runs"] == ["extract-1"] and devices[0]["other_processes"] == 1
         assert devices[1]["runs"] == [] and devices[1]["other_processes"] == 0

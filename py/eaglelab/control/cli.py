@@ -13,7 +13,7 @@ import click
 
 from .commands import all_commands
 from eaglelab.errors import EaglelabError
-from .lab import ACTIVE, Lab
+from .lab import ACTIVE, Lab, exit_code_of
 
 
 class _Ctx:
@@ -52,7 +52,7 @@ def run(c: _Ctx, stages: tuple[str, ...], wait: bool, force: bool, deps: bool, q
     for name in stages:
         rec = c.lab.run(name, force=force, deps=deps, wait=wait, follow=not quiet)
         if wait and c.lab.cfg.stage(name).kind == "job" and rec["state"] != "completed":
-            raise click.exceptions.Exit(_exit_code(rec))
+            raise click.exceptions.Exit(exit_code_of(rec))
 
 
 @cli.command()
@@ -65,42 +65,19 @@ def pipeline(c: _Ctx, force: bool, keep_services: bool, quiet: bool, notify: boo
     """Run every job of the pipeline in dependency order (each one only if needed)."""
     lab = c.lab
     t0 = time.time()
-    failed = None
-    ran = []
-    error = None
-    try:
-        for name in lab.cfg.stage_order():
-            if lab.cfg.stage(name).kind != "job":
-                continue
-            try:
-                rec = lab.run(name, force=force, wait=True, follow=not quiet)
-            except EaglelabError as e:  # could not start (a service died, preflight): a failure too
-                error, rec = e, {"stage": name, "state": "failed", "id": None}
-            ran.append({"stage": name, "run": rec.get("id"), "state": rec.get("state")})
-            if rec["state"] != "completed":
-                failed = rec
-                break
-    finally:  # services must not outlive the pipeline, however it ends (Ctrl-C included)
-        if not keep_services:
-            lab.stop_services(out=sys.stdout)
+    result = lab.pipeline(force=force, keep_services=keep_services, follow=not quiet, out=sys.stdout)
     if notify:
         from .notify import pipeline_finished
-        detail = f"{failed['stage']} {failed['state']}" if failed else f"{len(ran)} stages completed"
+        failed = result.failed
         pipeline_finished(lab.notifier, firing_id=f"manual-{int(t0)}", target="pipeline", ok=failed is None,
-                          detail=detail, failed_stage=failed["stage"] if failed else None, stages=ran,
-                          duration_s=time.time() - t0, log=None)
-    if error is not None:
-        raise error
-    if failed:
-        click.echo(f"lab: pipeline stopped at {failed['stage']} ({failed['state']})", err=True)
-        raise click.exceptions.Exit(_exit_code(failed))
+                          detail=result.detail, failed_stage=failed["stage"] if failed else None,
+                          stages=result.ran, duration_s=time.time() - t0, log=None)
+    if result.error is not None:
+        raise result.error
+    if result.failed:
+        click.echo(f"lab: pipeline stopped at {result.failed['stage']} ({result.failed['state']})", err=True)
+        raise click.exceptions.Exit(exit_code_of(result.failed))
     click.echo("lab: pipeline complete")
-
-
-def _exit_code(rec: dict) -> int:
-    if rec.get("exit_code"):
-        return int(rec["exit_code"])
-    return 128 + int(rec["signal"]) if rec.get("signal") else 1
 
 
 @cli.command()

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
@@ -28,7 +29,7 @@ from .executors import Executor, HostUnreachable, for_host
 from eaglelab.fsutil import parse_iso
 from eaglelab.control.registry import Registry
 
-ACTIVE = ("pending", "running")
+from eaglelab.model import ACTIVE, BadRecord, exit_text, validate_report, validate_run
 # Code every stage script leans on: a change here is a change of every stage that uses it.
 STAGE_SHARED_CODE = tuple(REPO_ROOT / "py" / "eaglelab" / p for p in ("stages/common.py", "manifest.py"))
 
@@ -98,8 +99,7 @@ class Lab:
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
             for name, report, err in pool.map(poll, names):
                 if report is not None:
-                    for r in report.get("runs", []):
-                        r.setdefault("host", name)
+                    report = checked_report(name, report)
                 self.registry.sync_host(name, report, err)
                 errors[name] = err
         return errors
@@ -323,6 +323,29 @@ class Lab:
         self.registry.upsert(final)
         return self.registry.get(rec["id"]) or final
 
+    def pipeline(self, force: bool = False, keep_services: bool = False, follow: bool = True,
+                 out: TextIO = sys.stdout) -> "PipelineResult":
+        """Every job in dependency order, each only if needed, stopping at the first that does not
+        complete; services are stopped however it ends (Ctrl-C included) unless keep_services.
+        `lab pipeline` and a cron firing both call this."""
+        result = PipelineResult()
+        try:
+            for name in self.cfg.stage_order():
+                if self.cfg.stage(name).kind != "job":
+                    continue
+                try:
+                    rec = self.run(name, force=force, wait=True, follow=follow)
+                except EaglelabError as e:  # could not start (a service died, preflight): a failure too
+                    result.error, rec = e, {"stage": name, "state": "failed", "id": None}
+                result.ran.append({"stage": name, "run": rec.get("id"), "state": rec.get("state")})
+                if rec["state"] != "completed":
+                    result.failed = rec
+                    break
+        finally:
+            if not keep_services:
+                self.stop_services(out=out)
+        return result
+
     def stop_services(self, out: TextIO, keep: Callable[[str], bool] = lambda n: False) -> None:
         for name, s in self.cfg.stages.items():
             if s.kind == "service" and not keep(name):
@@ -332,11 +355,45 @@ class Lab:
                     self.stop(latest["id"])
 
 
+@dataclass
+class PipelineResult:
+    ran: list[dict] = field(default_factory=list)  # {stage, run, state} per job, in order
+    failed: dict | None = None                      # the run that stopped the pipeline
+    error: EaglelabError | None = None              # a job that could not start
+
+    @property
+    def detail(self) -> str:
+        return f"{self.failed['stage']} {self.failed['state']}" if self.failed else f"{len(self.ran)} stages completed"
+
+
+def exit_code_of(rec: dict) -> int:
+    """The exit code a command reports for a run that did not complete (128+signal, as a shell)."""
+    if rec.get("exit_code"):
+        return int(rec["exit_code"])
+    return 128 + int(rec["signal"]) if rec.get("signal") else 1
+
+
+def checked_report(host: str, report: dict) -> dict:
+    """A host's report validated where it enters the controller: every run record checked against
+    eaglelab.model.RunRecord; one of the wrong shape is listed in `bad_runs` (named, with what is
+    wrong) and left out, so one bad run directory never takes `lab status` or the page down."""
+    try:
+        rep = validate_report(report, f"host {host}: report").model_dump(by_alias=True)
+    except BadRecord as e:
+        return {"schema": 1, "runs": [], "bad_runs": [{"run_dir": None, "error": str(e)}]}
+    runs, bad = [], list(rep.get("bad_runs") or [])
+    for r in rep.get("runs") or []:
+        if isinstance(r, dict):
+            r.setdefault("host", host)
+        where = f"host {host}: run {r.get('run_dir') or r.get('id') if isinstance(r, dict) else '?'}"
+        try:
+            runs.append(validate_run(r, where))
+        except BadRecord as e:
+            bad.append({"run_dir": r.get("run_dir") if isinstance(r, dict) else None, "error": str(e)})
+    rep.update(runs=runs, bad_runs=bad)
+    return rep
+
+
 def _end_detail(rec: dict) -> str:
-    if rec.get("signal"):
-        return f" (signal {rec['signal']})"
-    if rec.get("exit_code") not in (None, 0):
-        return f" (exit code {rec['exit_code']})"
-    if rec.get("lost"):
-        return " (jobwrap vanished: host rebooted or wrapper killed)"
-    return ""
+    text = exit_text(rec)
+    return f" ({text})" if text else ""

@@ -28,8 +28,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from eaglelab.model import ACTIVE, how_it_ended
+
 EVENTS = ("completed", "failed", "stalled", "pipeline_finished")
-ACTIVE = ("pending", "running")
 MAX_ATTEMPTS = 6
 BACKOFF_S = 2.0  # 2, 4, 8, 16, 32 s between attempts: the last one about a minute after the first
 TIMEOUT_S = 10.0  # per attempt (connect + answer)
@@ -63,8 +64,9 @@ def events_for(before: dict | None, now: dict) -> list[str]:
         events.append("completed")
     elif was in ACTIVE and is_ == "failed":
         events.append("failed")
-    elif was in ACTIVE and is_ == "killed" and not now.get("stop_requested"):
-        events.append("failed")  # killed by a signal nobody asked for, or the wrapper vanished
+    elif was in ACTIVE and is_ == "killed" and now.get("lost") and not now.get("stop_requested"):
+        events.append("failed")  # the wrapper vanished: its end is unknown, a failure until shown otherwise
+    # any other `killed` was a stop (lab stop, TERM/INT): decided by eaglelab.model.decide_end
     was_stalled = ((before.get("log_state") or {}).get("state") == "stalled")
     if is_ in ACTIVE and (now.get("log_state") or {}).get("state") == "stalled" and not was_stalled:
         events.append("stalled")
@@ -73,17 +75,7 @@ def events_for(before: dict | None, now: dict) -> list[str]:
 
 def failure_text(run: dict) -> str | None:
     """Why a run failed: the parser's diagnosis when there is one, else how the process ended."""
-    failure = (run.get("log_state") or {}).get("failure")
-    if failure:
-        msg = (failure.get("message") or "").strip()
-        return f"{failure.get('reason', 'other')}: {msg}" if msg else str(failure.get("reason"))
-    if run.get("lost"):
-        return "the wrapper vanished (host rebooted or jobwrap killed)"
-    if run.get("signal"):
-        return f"killed by signal {run['signal']}"
-    if run.get("exit_code") not in (None, 0):
-        return f"exit code {run['exit_code']}"
-    return None
+    return how_it_ended(run)
 
 
 def stall_text(run: dict) -> str:

@@ -195,10 +195,7 @@ def lock_path(host) -> Path:
 
 def host_facts(ex, spec: dict) -> dict:
     """One round trip: the host's packages, free disk at the outputs, GPUs, inputs."""
-    if hasattr(ex, "facts"):
-        return ex.facts(spec["inputs"], spec["outputs"], spec["cwd"])
-    from eaglelab.host import hostfacts
-    return hostfacts.facts(ex.work_dir, spec["inputs"], spec["outputs"], spec["cwd"])
+    return ex.facts(spec["inputs"], spec["outputs"], spec["cwd"])
 
 
 def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:

@@ -19,11 +19,10 @@ from typing import Callable, Iterator
 
 from eaglelab.errors import RegistryError
 from eaglelab.fsutil import utcnow_iso
+from eaglelab.model import RUN_FIELDS, RunState
 
-STATES = ("pending", "running", "completed", "failed", "killed")
-COLUMNS = ("id", "stage", "host", "profile", "fingerprint", "kind", "state", "exit_code", "signal",
-           "started_at", "ended_at", "duration_s", "run_dir", "pid", "pgid", "lost", "log_state", "updated_at",
-           "orphans", "log_size", "slurm")
+STATES = tuple(RunState)
+COLUMNS = (*RUN_FIELDS, "updated_at")  # the run record's fields (eaglelab.model.RunRecord), and when written
 
 # columns added after the first release: (name, declaration) for ALTER TABLE on older registries
 ADDED_COLUMNS = {"orphans": "INTEGER DEFAULT 0", "log_size": "INTEGER", "slurm": "TEXT"}

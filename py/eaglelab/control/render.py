@@ -99,6 +99,10 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
             f"{(g.get('memory_total_mib') or 0) / 1024:.0f}G" for g in gpus)
         hosts.add_row(esc(h["name"]), esc(h["reach"]), state, esc(gtxt))
     console.print(hosts)
+    for h in st["hosts"]:
+        for bad in h.get("bad_runs") or []:  # skipped, never fatal: say which and why
+            console.print(f"[yellow]{esc(h['name'])}: skipped a run directory:[/] {esc(bad.get('error'))}",
+                          soft_wrap=True)
     runs = {r["id"]: r for r in st["runs"]}
     id_width = max([len(str(r.get("id") or "")) for r in runs.values()] + [3])
     # narrow terminals: progress and ETA go under the run id, in a column as wide as the ids

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 
 from eaglelab.fsutil import utcnow_iso
+from eaglelab import model
 from .lab import Lab
 
 SCHEMA = 1
-RUN_FIELDS = ("id", "stage", "host", "state", "exit_code", "signal", "started_at", "ended_at", "fingerprint",
-              "profile", "kind", "run_dir", "pid", "duration_s", "lost", "log_state", "orphans", "slurm")
+RUN_FIELDS = model.RUN_FIELDS
 
 
 def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
@@ -25,6 +25,7 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
                       "error": errors.get(name) or (seen.get("error") if not seen.get("reachable", True) else None),
                       "gpus": seen.get("gpus"), "gpus_configured": h.gpus,
                       "free_disk_bytes": seen.get("free_disk_bytes"), "load": seen.get("load"),
+                      "bad_runs": seen.get("bad_runs") or [],
                       **({"slurm": {"partition": h.slurm.partition, "error": seen.get("slurm_error")}}
                          if h.reach == "slurm" and h.slurm else {})})
     unreachable = {h["name"] for h in hosts if not h["reachable"]}

@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from . import hostside
+from . import machine
 
 
 def canonical(name: str) -> str:
@@ -33,12 +33,12 @@ def packages() -> dict[str, str]:
 
 def facts(work_dir: str, inputs: list[str], outputs: list[str], cwd: str) -> dict:
     base = Path(cwd).expanduser()
-    disk = {p: hostside.free_disk(base / p) for p in (outputs or [])}
-    disk[work_dir] = hostside.free_disk(work_dir)
+    disk = {p: machine.free_disk(base / p) for p in (outputs or [])}
+    disk[work_dir] = machine.free_disk(work_dir)
     return {"schema": 1, "hostname": platform.node(), "home": str(Path.home()), "python": sys.executable,
             "python_version": platform.python_version(), "packages": packages(),
-            "free_disk_bytes": disk, "gpus": hostside.gpus(),
-            "inputs": hostside.inputs_digest(inputs, str(base)) if inputs else {},
+            "free_disk_bytes": disk, "gpus": machine.gpus(),
+            "inputs": machine.inputs_digest(inputs, str(base)) if inputs else {},
             "manifests": manifests(inputs, base), "cwd_exists": base.is_dir(), "pid": os.getpid()}
 
 

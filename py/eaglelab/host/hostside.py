@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +18,12 @@ import time
 from pathlib import Path
 
 from eaglelab.fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
+from eaglelab.model import BadRecord, validate_exit, validate_meta
+from . import hostfacts
 from .jobwrap import group_alive
+from .machine import free_disk, gpus, inputs_digest, mark_gpu_holders
 from .tail.run import run_state
 
-STALE_HEARTBEAT_S = 30.0
 
 
 def new_run_id(stage: str, now: float | None = None) -> str:
@@ -95,8 +96,11 @@ def _alive(pid: int | None, run_dir: Path) -> bool:
 def read_run(run_dir: Path, now: float | None = None) -> dict:
     """One run's record from its directory (see docs/interfaces.md for the state rules)."""
     now = now or time.time()
-    meta = read_json(run_dir / "meta.json") or {"run_id": run_dir.name}
-    exit_info = read_json(run_dir / "exit.json")
+    meta = _checked(run_dir / "meta.json", validate_meta)
+    if meta is None:
+        raise BadRecord(f"{run_dir}/meta.json: missing or unreadable (a launch that failed, or a full disk "
+                        f"at launch); move the directory aside once nothing runs there")
+    exit_info = _checked(run_dir / "exit.json", validate_exit)
     rec = {
         "id": meta.get("run_id", run_dir.name), "stage": meta.get("stage"), "host": meta.get("host"),
         "profile": meta.get("profile"), "fingerprint": meta.get("fingerprint"), "kind": meta.get("kind", "job"),
@@ -110,7 +114,7 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     except OSError:
         pass
     if exit_info is None and not _alive(meta.get("jobwrap_pid"), run_dir):
-        exit_info = read_json(run_dir / "exit.json")  # it may have ended between the two reads
+        exit_info = _checked(run_dir / "exit.json", validate_exit)  # it may have ended between the reads
         if exit_info is None:
             launched = parse_iso(meta.get("launched_at")) or 0
             if not meta.get("started_at") and now - launched < 10:
@@ -134,54 +138,30 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     return rec
 
 
+def _checked(path: Path, validate) -> dict | None:
+    """A run directory's JSON file, checked against its model (eaglelab.model); None if absent.
+    Valid JSON of the wrong shape is a BadRecord naming the file, never a crash far away."""
+    data = read_json(path)
+    return None if data is None else validate(data, str(path)).model_dump(by_alias=True)
+
+
 def report(work_dir: str, stage: str | None = None) -> dict:
-    """Every run on this host (optionally of one stage), plus the host's GPUs."""
+    """Every run on this host (optionally of one stage), plus the host's GPUs. A run directory that
+    cannot be read is listed in `bad_runs` with what is wrong, and the others are reported."""
     root = runs_dir(work_dir)
-    runs = []
+    runs, bad = [], []
     if root.is_dir():
         for d in sorted(root.iterdir()):
             if d.is_dir() and not d.name.startswith(".") and (stage is None or d.name.startswith(stage + "-")):
-                runs.append(read_run(d))
+                try:
+                    runs.append(read_run(d))
+                except BadRecord as e:
+                    bad.append({"run_dir": str(d), "error": str(e)})
     devices = gpus()
     if devices:
         mark_gpu_holders(devices, runs)
-    return {"schema": 1, "runs": runs, "gpus": devices, "checked_at": utcnow_iso(),
+    return {"schema": 1, "runs": runs, "bad_runs": bad, "gpus": devices, "checked_at": utcnow_iso(),
             "free_disk_bytes": free_disk(work_dir), "load": list(os.getloadavg())}
-
-
-def mark_gpu_holders(devices: list[dict], runs: list[dict]) -> None:
-    """gpus[*].runs: the running runs whose process group has a compute process on that GPU;
-    gpus[*].other_processes: compute processes of no run (another user's, or a lost stage's)."""
-    groups = {r.get("pgid"): r["id"] for r in runs if r.get("state") == "running" and r.get("pgid")}
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return
-    by_uuid = {g.get("uuid"): g for g in devices}
-    for g in devices:
-        g.update(runs=[], other_processes=0)
-    for line in out.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 2 or parts[0] not in by_uuid:
-            continue
-        g = by_uuid[parts[0]]
-        try:
-            run_id = groups.get(os.getpgid(int(parts[1])))
-        except (ValueError, ProcessLookupError, PermissionError):
-            run_id = None  # another container's pid, or it just ended
-        if run_id is None:
-            g["other_processes"] += 1
-        elif run_id not in g["runs"]:
-            g["runs"].append(run_id)
-
-
-def free_disk(path: str | os.PathLike) -> int:
-    """Free bytes on the filesystem that holds path (or would, once it exists)."""
-    p = Path(path).expanduser().resolve()
-    while not p.exists():
-        p = p.parent
-    return shutil.disk_usage(p).free
 
 
 def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
@@ -226,58 +206,6 @@ def read_log(work_dir: str, run_id: str, offset: int = 0, limit: int = 1 << 20) 
         return b""
 
 
-def gpus() -> list[dict] | None:
-    """nvidia-smi's view of the GPUs, or None on a host without them."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    fields = ["index", "name", "utilization.gpu", "memory.used", "memory.total", "uuid"]
-    try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    result = []
-    for line in out.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == len(fields):
-            idx, name, util, used, total, uuid = parts
-            result.append({"index": int(idx), "name": name, "utilization_pct": _num(util),
-                           "memory_used_mib": _num(used), "memory_total_mib": _num(total), "uuid": uuid})
-    return result
-
-
-def _num(s: str) -> float | None:
-    try:
-        return float(s)
-    except ValueError:
-        return None
-
-
-def inputs_digest(paths: list[str], cwd: str = ".") -> dict[str, str]:
-    """A cheap fingerprint of each input: its manifest.json when the stage that made it wrote one
-    (content hash), else sizes and mtimes; "missing" when absent. Read where the data is."""
-    import hashlib
-    out = {}
-    for p in paths:
-        path = Path(cwd, p).expanduser()
-        manifest = path / "manifest.json" if path.is_dir() else None
-        if manifest is not None and manifest.is_file():
-            out[p] = "manifest:" + hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
-        elif path.is_file():
-            st = path.stat()
-            out[p] = f"file:{st.st_size}:{st.st_mtime_ns}"
-        elif path.is_dir():
-            count = size = newest = 0
-            for f in path.rglob("*"):
-                if f.is_file():
-                    st = f.stat()
-                    count, size, newest = count + 1, size + st.st_size, max(newest, st.st_mtime_ns)
-            out[p] = f"dir:{count}:{size}:{newest}"
-        else:
-            out[p] = "missing"
-    return out
-
-
 VERBS = {
     "inputs_digest": lambda a: inputs_digest(a["paths"], a.get("cwd", ".")),
     "launch": lambda a: launch(a["work_dir"], a["spec"]),
@@ -285,8 +213,7 @@ VERBS = {
     "stop": lambda a: stop(a["work_dir"], a["run_id"], a.get("grace_s", 30.0)),
     "read_log": lambda a: {"data": base64.b64encode(read_log(a["work_dir"], a["run_id"], a.get("offset", 0),
                                                              a.get("limit", 1 << 20))).decode()},
-    "facts": lambda a: __import__("eaglelab.host.hostfacts", fromlist=["facts"]).facts(
-        a["work_dir"], a.get("inputs", []), a.get("outputs", []), a.get("cwd", ".")),
+    "facts": lambda a: hostfacts.facts(a["work_dir"], a.get("inputs", []), a.get("outputs", []), a.get("cwd", ".")),
 }
 
 # A Slurm login node answers these too (eaglelab.host.slurmside; imported only when asked for).

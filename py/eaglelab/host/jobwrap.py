@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from eaglelab.fsutil import atomic_write_json, read_json, utcnow_iso
+from eaglelab.model import decide_end, signal_text
 
 HEARTBEAT_S = 5.0
 ORPHAN_GRACE_S = 5.0
@@ -26,19 +27,9 @@ ORPHAN_GRACE_S = 5.0
 STAGE_ENV = {"PYTHONUNBUFFERED": "1", "COLUMNS": "1000"}
 
 
-def signal_name(sig: int | None) -> str | None:
-    if sig is None:
-        return None
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"SIG{sig}"
-
-
-def end_state(exit_code: int | None, sig: int | None) -> str:
-    if sig is not None:
-        return "killed"
-    return "completed" if exit_code == 0 else "failed"
+def end_state(exit_code: int | None, sig: int | None, stop_requested: bool = False) -> str:
+    """exit.json's state: the one rule (eaglelab.model.decide_end), before the log is read."""
+    return decide_end(exit_code, sig, stop_requested=stop_requested).state.value
 
 
 def _start_log_follower(run_dir: Path, stop: threading.Event) -> threading.Thread | None:
@@ -118,10 +109,11 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     if follower is not None:
         follower.join(timeout=10)  # let the tailer read the last lines before the end is recorded
         _ensure_final_state(run_dir, follower)
+    stop_requested = (run_dir / "stop_requested").exists()
     atomic_write_json(run_dir / "exit.json", {
-        "schema": 1, "exit_code": exit_code, "signal": sig, "signal_name": signal_name(sig),
+        "schema": 1, "exit_code": exit_code, "signal": sig, "signal_name": signal_text(sig),
         "ended_at": utcnow_iso(ended), "duration_s": round(ended - started, 3),
-        "state": end_state(exit_code, sig), "stop_requested": (run_dir / "stop_requested").exists(),
+        "state": end_state(exit_code, sig, stop_requested), "stop_requested": stop_requested,
         "orphans": orphans})
     (run_dir / "heartbeat").write_text(utcnow_iso() + "\n")
     log.close()

@@ -22,15 +22,15 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import hostside
+from . import hostside, machine
 from eaglelab.fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
+from eaglelab.model import BadRecord
 
 SLURM_TIMEOUT_S = 30
 MASTER_PORT_BASE = 29500
@@ -404,7 +404,7 @@ def report(work_dir: str, stage: str | None = None) -> dict:
         active = queue(list(open_jobs.values())) if open_jobs else {}
     except SlurmCommandError as e:
         active, error = {}, str(e)
-    runs = []
+    runs, bad = [], []
     for d in dirs:
         jid = jobs[d]
         sl = read_json(d / "slurm_end.json")
@@ -417,9 +417,12 @@ def report(work_dir: str, stage: str | None = None) -> dict:
                     error = str(e)
                 if sl is not None and sl.get("slurm_state") in END_STATES:
                     atomic_write_json(d / "slurm_end.json", {**sl, "schema": 1, "recorded_at": utcnow_iso()})
-        runs.append(read_run(d, sl, error))
-    return {"schema": 1, "runs": runs, "gpus": None, "checked_at": utcnow_iso(),
-            "free_disk_bytes": hostside.free_disk(work_dir), "slurm_error": error}
+        try:
+            runs.append(read_run(d, sl, error))
+        except BadRecord as e:
+            bad.append({"run_dir": str(d), "error": str(e)})
+    return {"schema": 1, "runs": runs, "bad_runs": bad, "gpus": None, "checked_at": utcnow_iso(),
+            "free_disk_bytes": machine.free_disk(work_dir), "slurm_error": error}
 
 
 # -- stop ---------------------------------------------------------------------------------------

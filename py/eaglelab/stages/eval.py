@@ -21,7 +21,6 @@ Requests are greedy with ignore_eos, so both runs generate the same number of to
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import time
 from pathlib import Path
 

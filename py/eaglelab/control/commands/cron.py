@@ -20,6 +20,7 @@ import click
 from .. import cron as cronlib
 from eaglelab.errors import EaglelabError
 from eaglelab.fsutil import utcnow_iso
+from ..lab import exit_code_of
 from ..plan import format_plan, make_plan
 
 
@@ -162,18 +163,22 @@ def fire(ctx: click.Context, target: str) -> None:
 
 
 def _run_target(ctx: click.Context, target: str) -> tuple[int, str | None]:
-    """Invoke `lab pipeline -q` (or `lab run TARGET --deps -q`) in this process; (exit code, error)."""
-    root = ctx.find_root()
+    """The pipeline (or `TARGET --deps`) through the core, as `lab pipeline -q` would; (exit code,
+    error). The firing sends its own pipeline_finished."""
+    lab = _lab(ctx)
     try:
         if target == "pipeline":
-            root.invoke(root.command.get_command(root, "pipeline"), force=False, keep_services=False, quiet=True,
-                        notify=False)  # the firing sends its own pipeline_finished
+            result = lab.pipeline(follow=False, out=sys.stdout)
+            if result.error is not None:
+                raise result.error
+            if result.failed:
+                click.echo(f"lab: pipeline stopped at {result.failed['stage']} ({result.failed['state']})")
+                return exit_code_of(result.failed), None
         else:
-            root.invoke(root.command.get_command(root, "run"), stages=(target,), wait=True, force=False,
-                        deps=True, quiet=True)
+            rec = lab.run(target, deps=True, wait=True, follow=False)
+            if lab.cfg.stage(target).kind == "job" and rec["state"] != "completed":
+                return exit_code_of(rec), None
         return 0, None
-    except click.exceptions.Exit as e:
-        return e.exit_code, None
     except EaglelabError as e:
         click.echo(f"lab: {e.format_message()}")
         return e.exit_code, e.format_message()

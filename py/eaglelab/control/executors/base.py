@@ -46,6 +46,11 @@ class Executor(abc.ABC):
         """TERM then KILL the run's process group; the run as it ended."""
 
     @abc.abstractmethod
+    def facts(self, inputs: list[str], outputs: list[str], cwd: str) -> dict:
+        """eaglelab.host.hostfacts.facts, gathered on the host in one call: python, packages, free
+        disk at the outputs, GPUs, the inputs' digests (preflight's evidence)."""
+
+    @abc.abstractmethod
     def inputs_digest(self, paths: list[str], cwd: str) -> dict[str, str]:
         """hostside.inputs_digest, computed on the host."""
 

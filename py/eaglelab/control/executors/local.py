@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from eaglelab.host import hostside
+from eaglelab.host import hostfacts, hostside, machine
 from .base import Executor, local_repo_dir
 
 
@@ -19,8 +19,11 @@ class LocalExecutor(Executor):
         p = self.host_path(self.host.python)
         return p if os.path.exists(p) else sys.executable
 
+    def facts(self, inputs: list[str], outputs: list[str], cwd: str) -> dict:
+        return hostfacts.facts(self.work_dir, inputs, outputs, cwd)
+
     def inputs_digest(self, paths: list[str], cwd: str) -> dict[str, str]:
-        return hostside.inputs_digest(paths, cwd)
+        return machine.inputs_digest(paths, cwd)
 
     def launch(self, spec: dict) -> dict:
         return hostside.launch(self.work_dir, {**spec, "python": spec.get("python") or self.python})

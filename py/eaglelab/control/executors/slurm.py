@@ -81,14 +81,9 @@ class SlurmExecutor(Executor):
     def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         return self.login.read_log(run_id, offset, limit)
 
-    def facts(self, *args, **kw) -> dict:
+    def facts(self, inputs: list[str], outputs: list[str], cwd: str) -> dict:
         """The login node's facts (python, packages: env parity against the host's lock)."""
-        if self.remote:
-            return self.login.facts(*args, **kw)  # type: ignore[attr-defined]
-        from eaglelab.host import hostfacts
-        work_dir, inputs, outputs, cwd = self.work_dir, kw.get("inputs") or [], kw.get("outputs") or [], \
-            kw.get("cwd") or self.repo_dir()
-        return hostfacts.facts(work_dir, inputs, outputs, cwd)
+        return self.login.facts(inputs, outputs, cwd)
 
     def slurm_facts(self) -> dict:
         return self._call("slurm_facts", {"work_dir": self.work_dir, "slurm": slurm_options(self.host)})

@@ -7,11 +7,12 @@ the JSON and README "Watching logs" for the rules in words.
 
 from __future__ import annotations
 
-import signal as _signal
+
 from typing import Callable
 
 from eaglelab.figures import seconds
 from eaglelab.fsutil import utcnow_iso
+from eaglelab.model import decide_end
 from . import markers, speculators, vllm
 from .ansi import strip_ansi
 from .bars import BarBook, BarTrack
@@ -383,35 +384,15 @@ def _elapsed_n(t: BarTrack) -> list[list[float]]:
 
 
 def combine_with_exit(log_state: dict, exit_info: dict) -> dict:
-    """The run's final state from its log state and jobwrap's exit.json.
-
-    Exit 0 is completed (with or without an end marker); a stop that `lab stop` asked for, or a
-    TERM/INT, is killed; any other end is failed, with the reason the log named, else the one the
-    exit status suggests (SIGKILL or 137: host_oom_killed; 124: timeout), else `other`.
-    """
+    """The run's final state from its log state and jobwrap's exit.json, by the one rule
+    (eaglelab.model.decide_end): the reason the log named wins over the exit status's."""
     out = dict(log_state)
     code, sig = exit_info.get("exit_code"), exit_info.get("signal")
     out["exit"] = {"exit_code": code, "signal": sig, "signal_name": exit_info.get("signal_name")}
     out.pop("suspect", None)
     out["stall"] = None
-    named = log_state.get("failure") or log_state.get("suspect")
-    if code == 0:
-        out.update(state="completed", failure=None)
-    elif exit_info.get("stop_requested") or sig in (_signal.SIGTERM, _signal.SIGINT) or code == 130:
-        out.update(state="killed", failure=None)
-    else:
-        failure = named
-        if failure is None:
-            if sig == _signal.SIGKILL or code == 137:
-                failure = {"reason": "host_oom_killed", "line": None, "process": None,
-                           "message": "killed by SIGKILL with no reason in the log (the kernel's OOM killer "
-                                      "is the usual sender; see `dmesg`)"}
-            elif code == 124:
-                failure = {"reason": "timeout", "line": None, "process": None, "message": "exit code 124 (timeout)"}
-            else:
-                what = f"signal {sig} ({exit_info.get('signal_name')})" if sig is not None else f"exit code {code}"
-                last = log_state.get("last_line")
-                failure = {"reason": "other", "line": None, "process": None,
-                           "message": f"ended by {what}; last line: {last}" if last else f"ended by {what}; the log is empty"}
-        out.update(state="failed", failure=failure)
+    ending = decide_end(code, sig, stop_requested=bool(exit_info.get("stop_requested")),
+                        named=log_state.get("failure") or log_state.get("suspect"),
+                        last_line=log_state.get("last_line"), signal_name=exit_info.get("signal_name"))
+    out.update(state=ending.state.value, failure=ending.failure)
     return out

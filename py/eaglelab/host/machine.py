@@ -1,0 +1,96 @@
+"""The machine a host runs on, as preflight and the status page see it: its GPUs (nvidia-smi) and
+which runs hold them, free disk, and a cheap digest of a stage's inputs. Runs on the host."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+
+def gpus() -> list[dict] | None:
+    """nvidia-smi's view of the GPUs, or None on a host without them."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    fields = ["index", "name", "utilization.gpu", "memory.used", "memory.total", "uuid"]
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    result = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == len(fields):
+            idx, name, util, used, total, uuid = parts
+            result.append({"index": int(idx), "name": name, "utilization_pct": _num(util),
+                           "memory_used_mib": _num(used), "memory_total_mib": _num(total), "uuid": uuid})
+    return result
+
+
+def _num(s: str) -> float | None:
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def inputs_digest(paths: list[str], cwd: str = ".") -> dict[str, str]:
+    """A cheap fingerprint of each input: its manifest.json when the stage that made it wrote one
+    (content hash), else sizes and mtimes; "missing" when absent. Read where the data is."""
+    out = {}
+    for p in paths:
+        path = Path(cwd, p).expanduser()
+        manifest = path / "manifest.json" if path.is_dir() else None
+        if manifest is not None and manifest.is_file():
+            out[p] = "manifest:" + hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+        elif path.is_file():
+            st = path.stat()
+            out[p] = f"file:{st.st_size}:{st.st_mtime_ns}"
+        elif path.is_dir():
+            count = size = newest = 0
+            for f in path.rglob("*"):
+                if f.is_file():
+                    st = f.stat()
+                    count, size, newest = count + 1, size + st.st_size, max(newest, st.st_mtime_ns)
+            out[p] = f"dir:{count}:{size}:{newest}"
+        else:
+            out[p] = "missing"
+    return out
+
+
+def mark_gpu_holders(devices: list[dict], runs: list[dict]) -> None:
+    """gpus[*].runs: the running runs whose process group has a compute process on that GPU;
+    gpus[*].other_processes: compute processes of no run (another user's, or a lost stage's)."""
+    groups = {r.get("pgid"): r["id"] for r in runs if r.get("state") == "running" and r.get("pgid")}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    by_uuid = {g.get("uuid"): g for g in devices}
+    for g in devices:
+        g.update(runs=[], other_processes=0)
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2 or parts[0] not in by_uuid:
+            continue
+        g = by_uuid[parts[0]]
+        try:
+            run_id = groups.get(os.getpgid(int(parts[1])))
+        except (ValueError, ProcessLookupError, PermissionError):
+            run_id = None  # another container's pid, or it just ended
+        if run_id is None:
+            g["other_processes"] += 1
+        elif run_id not in g["runs"]:
+            g["runs"].append(run_id)
+
+
+def free_disk(path: str | os.PathLike) -> int:
+    """Free bytes on the filesystem that holds path (or would, once it exists)."""
+    p = Path(path).expanduser().resolve()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
