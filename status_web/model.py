@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from eaglelab.fsutil import parse_iso
 
+from eaglelab.figures import human_duration as fmt_duration
 from eaglelab.model import FINAL, exit_text
 MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 
@@ -38,22 +39,6 @@ def ts(v: Any) -> float | None:
 
 def mapping(v: Any) -> dict:
     return v if isinstance(v, dict) else {}
-
-
-def fmt_duration(s: float | None) -> str:
-    if s is None:
-        return ""
-    s = int(round(max(s, 0)))
-    d, rem = divmod(s, 86400)
-    h, rem = divmod(rem, 3600)
-    m, sec = divmod(rem, 60)
-    if d:
-        return f"{d}d {h}h"
-    if h:
-        return f"{h}h {m:02d}m"
-    if m:
-        return f"{m}m {sec:02d}s"
-    return f"{sec}s"
 
 
 def fmt_bytes(n: float | None) -> str:

@@ -30,3 +30,32 @@ def sig(v: float | None, digits: int = SIGNIFICANT) -> float | None:
     if v == 0.0 or not math.isfinite(v):
         return v
     return round(v, digits - 1 - math.floor(math.log10(abs(v)))) + 0.0
+
+
+# -- durations for people (one place: the terminal, the page and the notifications) --------------
+
+def human_duration(s: float | None) -> str:
+    """`2d 3h`, `1h 04m`, `5m 07s`, `42s`; "" for None (negative durations read as 0)."""
+    if s is None:
+        return ""
+    s = int(round(max(float(s), 0)))
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    if d:
+        return f"{d}d {h}h"
+    if h:
+        return f"{h}h {m:02d}m"
+    if m:
+        return f"{m}m {sec:02d}s"
+    return f"{sec}s"
+
+
+def clock_duration(s: float | None) -> str:
+    """`1:02:03` or `2:03`, for columns that line up; "" for None."""
+    if s is None:
+        return ""
+    s = int(round(max(float(s), 0)))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"

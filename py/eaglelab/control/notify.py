@@ -28,6 +28,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from eaglelab.figures import human_duration as _human
 from eaglelab.model import ACTIVE, how_it_ended
 
 EVENTS = ("completed", "failed", "stalled", "pipeline_finished")
@@ -85,14 +86,7 @@ def stall_text(run: dict) -> str:
 
 
 def human_duration(s: float | None) -> str:
-    if s is None:
-        return "?"
-    s = int(round(s))
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s}s"
+    return _human(s) if s is not None else "?"
 
 
 def stage_payload(event: str, run: dict, status_url: str, now: float) -> dict:

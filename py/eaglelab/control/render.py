@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from eaglelab.figures import clock_duration as fmt_duration
 from eaglelab.fsutil import parse_iso
 
 STATE_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "killed": "red",
@@ -20,15 +21,6 @@ STATE_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "killed
 def esc(v) -> str:
     """A value as literal text for rich markup ("" for None)."""
     return "" if v is None else escape(str(v))
-
-
-def fmt_duration(s: float | None) -> str:
-    if s is None:
-        return ""
-    s = int(round(s))
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
 def fmt_clock(iso: str | None) -> str:

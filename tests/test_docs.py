@@ -1,0 +1,17 @@
+"""The README says what the Makefile does: every `## ` target is in the README's `make help` block."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import REPO
+
+
+def test_readme_lists_every_make_target():
+    targets = re.findall(r"^([a-zA-Z_ -]+):.*## ", (REPO / "Makefile").read_text(), re.M)
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("`make help` lists every target:"):]
+    block = block[:block.index("```", block.index("```") + 3)]
+    lines = block.splitlines()
+    missing = [t.strip() for t in targets if not any(ln.startswith(f"  {t.strip()} ") for ln in lines)]
+    assert not missing, f"README.md's `make help` block lacks: {missing} (paste the output of `make help`)"
