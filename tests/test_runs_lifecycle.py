@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from conftest import LAB
 from eaglelab.fsutil import parse_iso
@@ -206,3 +207,63 @@ def test_final_state_covers_the_log_even_when_the_live_tailer_fell_short(tmp_pat
     st = json.loads((run_dir / "state.json").read_text())
     assert st["progress"]["n"] == 3 and st["log_bytes"] == (run_dir / "output.log").stat().st_size
     assert st["final"] is True
+
+
+def test_sigkilled_jobwrap_leaves_an_orphan_never_run_twice_and_stoppable(tmplab):
+    """The wrapper dies (kill -9, the OOM killer) while its stage lives on: the run is `running`,
+    `orphaned` — not lost — so `lab run` attaches instead of starting a second copy, and `lab stop`
+    stops the stage and records the end in the wrapper's place."""
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "sleeper", "--detach")
+    run = tmplab.runs("sleeper")[0]
+    meta = tmplab.wait_for(lambda: (m := _meta(tmplab, run["id"])).get("pid") and m)
+    os.kill(meta["jobwrap_pid"], signal.SIGKILL)
+    orphan = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"])).get("orphaned") and r)
+    assert orphan["state"] == "running" and not orphan["lost"]
+    assert _live_in_group(meta["pgid"])  # the stage itself goes on
+    p = tmplab.lab("run", "sleeper", "--detach")
+    assert "already running" in p.stdout + p.stderr and len(tmplab.run_dirs()) == 1
+    p = tmplab.lab("stop", "sleeper")
+    assert "killed" in p.stdout, p.stdout
+    tmplab.wait_for(lambda: not _live_in_group(meta["pgid"]), timeout=10)
+    done = _state(tmplab, run["id"])
+    assert (done["state"], done["signal"], done["orphaned"]) == ("killed", signal.SIGTERM, False)
+    exit_json = json.loads((tmplab.work / "runs" / run["id"] / "exit.json").read_text())
+    assert exit_json["stop_requested"] and "wrapper was gone" in exit_json["recorded_by"]
+
+
+def test_a_planted_pgid_is_never_signalled(tmplab):
+    """meta.json is only a file: `lab stop` signals a group only when its processes carry this run's
+    EAGLELAB_RUN_DIR (a run directory naming another process group, ours or not, harms nobody)."""
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        tmplab.write_pipeline(PIPELINE)
+        tmplab.lab("run", "sleeper", "--detach")
+        run = tmplab.runs("sleeper")[0]
+        meta_path = tmplab.work / "runs" / run["id"] / "meta.json"
+        meta = tmplab.wait_for(lambda: (m := _meta(tmplab, run["id"])).get("pid") and m)
+        os.kill(meta["jobwrap_pid"], signal.SIGKILL)
+        os.killpg(meta["pgid"], signal.SIGKILL)
+        tmplab.wait_for(lambda: not _live_in_group(meta["pgid"]), timeout=10)
+        meta_path.write_text(json.dumps({**meta, "pgid": bystander.pid, "pid": bystander.pid}))
+        st = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"]))["state"] != "running" and r)
+        assert st["lost"] and not st["orphaned"]  # the bystander does not make the run alive
+        tmplab.lab("stop", run["id"], check=False)
+        assert bystander.poll() is None  # and is not signalled
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def _live_in_group(pgid: int) -> list[int]:
+    """Processes of the group that are not zombies (an orphan's parent is gone; whoever adopts it
+    may reap late, and a zombie still answers killpg)."""
+    live = []
+    for d in Path("/proc").iterdir():
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if d.name.isdigit() and int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(d.name))
+    return live

@@ -104,8 +104,9 @@ class RunRecord(_Open):
     started_at: str | None = None
     ended_at: str | None = None
     duration_s: float | None = None
-    lost: bool = False
-    orphans: bool = False
+    lost: bool = False      # the wrapper vanished and nothing of the stage lives: its end is unknown
+    orphaned: bool = False  # the wrapper vanished but the stage lives on (running, unsupervised)
+    orphans: bool = False   # processes of the stage's group outlived its end
     log_state: dict[str, Any] | None = None
     log_size: int | None = None
     slurm: dict[str, Any] | None = None
@@ -212,6 +213,8 @@ def exit_text(run: dict) -> str:
         return f"exit code {run['exit_code']}"
     if run.get("lost"):
         return "jobwrap vanished: host rebooted or wrapper killed"
+    if run.get("orphaned"):
+        return "orphaned: jobwrap was killed, the stage runs on unsupervised (lab stop stops it)"
     return ""
 
 

@@ -25,14 +25,16 @@ STATES = tuple(RunState)
 COLUMNS = (*RUN_FIELDS, "updated_at")  # the run record's fields (eaglelab.model.RunRecord), and when written
 
 # columns added after the first release: (name, declaration) for ALTER TABLE on older registries
-ADDED_COLUMNS = {"orphans": "INTEGER DEFAULT 0", "log_size": "INTEGER", "slurm": "TEXT"}
+ADDED_COLUMNS = {"orphans": "INTEGER DEFAULT 0", "log_size": "INTEGER", "slurm": "TEXT",
+                 "orphaned": "INTEGER DEFAULT 0"}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   id TEXT PRIMARY KEY, stage TEXT NOT NULL, host TEXT NOT NULL, profile TEXT, fingerprint TEXT,
   kind TEXT, state TEXT NOT NULL, exit_code INTEGER, signal INTEGER, started_at TEXT, ended_at TEXT,
   duration_s REAL, run_dir TEXT, pid INTEGER, pgid INTEGER, lost INTEGER DEFAULT 0,
-  log_state TEXT, updated_at TEXT, orphans INTEGER DEFAULT 0, log_size INTEGER, slurm TEXT
+  log_state TEXT, updated_at TEXT, orphans INTEGER DEFAULT 0, log_size INTEGER, slurm TEXT,
+  orphaned INTEGER DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS runs_stage ON runs(stage, started_at);
 CREATE TABLE IF NOT EXISTS hosts (
@@ -98,6 +100,7 @@ class Registry:
             row["id"] = r.get("id") or r.get("run_id")
             row["lost"] = int(bool(r.get("lost")))
             row["orphans"] = int(bool(r.get("orphans")))  # processes of the stage's group outlived it
+            row["orphaned"] = int(bool(r.get("orphaned")))  # the wrapper died, the stage lives on
             row["log_state"] = json.dumps(r["log_state"]) if r.get("log_state") is not None else None
             row["slurm"] = json.dumps(r["slurm"]) if r.get("slurm") is not None else None  # job id, queue, nodes
             row["updated_at"] = now
@@ -260,6 +263,7 @@ def _row(row: sqlite3.Row) -> dict:
     d = dict(row)
     d["lost"] = bool(d.get("lost"))
     d["orphans"] = bool(d.get("orphans"))
+    d["orphaned"] = bool(d.get("orphaned"))
     d["log_state"] = json.loads(d["log_state"]) if d.get("log_state") else None
     d["slurm"] = json.loads(d["slurm"]) if d.get("slurm") else None
     return d

@@ -119,6 +119,8 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
             detail = f" rc {r['exit_code']}"
         if r.get("orphans"):  # processes of its group outlived it: GPU memory may still be held
             detail += " +orphans"
+        if r.get("orphaned"):  # its jobwrap was killed; the stage runs on, unsupervised
+            detail += " orphaned"
         style = STATE_STYLE.get(state, "")
         cells = [esc(s["name"]), esc(s["host"]), f"[{style}]{esc(state + detail)}[/]" if style else esc(state + detail),
                  fmt_duration(r.get("duration_s"))]

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from eaglelab.fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
-from eaglelab.model import BadRecord, validate_exit, validate_meta
+from eaglelab.model import BadRecord, decide_end, signal_text, validate_exit, validate_meta
 from . import hostfacts
 from .jobwrap import group_alive
 from .machine import free_disk, gpus, inputs_digest, mark_gpu_holders
@@ -93,6 +93,29 @@ def _alive(pid: int | None, run_dir: Path) -> bool:
         return False
 
 
+def run_processes(pgid: int | None, run_dir: Path) -> list[int]:
+    """The live processes of process group `pgid` that provably belong to this run: ours (same
+    uid), in that group, with EAGLELAB_RUN_DIR=run_dir in their environment (jobwrap gives it to
+    the stage and so to all its children). pgids are reused and meta.json is only a file: nothing is
+    signalled or called alive on the pgid alone."""
+    if not pgid:
+        return []
+    marker = b"EAGLELAB_RUN_DIR=" + str(run_dir).encode() + b"\0"
+    uid, found = os.getuid(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z" or int(fields[2]) != pgid or d.stat().st_uid != uid:
+                continue
+            if marker in b"\0" + (d / "environ").read_bytes():
+                found.append(int(d.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 def read_run(run_dir: Path, now: float | None = None) -> dict:
     """One run's record from its directory (see docs/interfaces.md for the state rules)."""
     now = now or time.time()
@@ -119,6 +142,10 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
             launched = parse_iso(meta.get("launched_at")) or 0
             if not meta.get("started_at") and now - launched < 10:
                 rec["state"] = "pending"  # jobwrap is still starting
+            elif run_processes(meta.get("pgid"), run_dir):
+                # the wrapper died (kill -9, OOM) but the stage lives on, unsupervised: still running,
+                # never launched again while alive, stoppable (stop() records its end)
+                rec.update(state="running", orphaned=True)
             else:
                 rec.update(state="killed", lost=True)
     if exit_info is not None:
@@ -172,8 +199,10 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
         return rec
     (run_dir / "stop_requested").write_text(utcnow_iso() + "\n")
     pgid = rec.get("pgid")
-    if not pgid:
-        return rec
+    if not pgid or not run_processes(pgid, run_dir):
+        return read_run(run_dir)  # nothing of this run is alive in that group: signal nobody
+    if rec.get("orphaned"):
+        return _stop_orphan(run_dir, pgid, grace_s)
     _killpg(pgid, signal.SIGTERM)
     deadline = time.time() + grace_s
     # Wait for the whole group, not only the stage's main process: a child that ignores TERM would
@@ -185,6 +214,27 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
     deadline = time.time() + 10
     while time.time() < deadline and not (run_dir / "exit.json").exists():
         time.sleep(0.05)
+    return read_run(run_dir)
+
+
+def _stop_orphan(run_dir: Path, pgid: int, grace_s: float) -> dict:
+    """Stop a stage whose jobwrap is gone, and record its end in jobwrap's place."""
+    sig = signal.SIGTERM
+    _killpg(pgid, sig)
+    deadline = time.time() + grace_s
+    while time.time() < deadline and run_processes(pgid, run_dir):
+        time.sleep(0.1)
+    if run_processes(pgid, run_dir):
+        sig = signal.SIGKILL
+        _killpg(pgid, sig)
+        deadline = time.time() + 10
+        while time.time() < deadline and run_processes(pgid, run_dir):
+            time.sleep(0.05)
+    if not (run_dir / "exit.json").exists():
+        atomic_write_json(run_dir / "exit.json", {
+            "schema": 1, "exit_code": None, "signal": int(sig), "signal_name": signal_text(int(sig)),
+            "ended_at": utcnow_iso(), "state": decide_end(None, int(sig), stop_requested=True).state.value,
+            "stop_requested": True, "orphans": False, "recorded_by": "lab stop (the wrapper was gone)"})
     return read_run(run_dir)
 
 
