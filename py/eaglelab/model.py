@@ -1,30 +1,29 @@
-"""The shapes the parts of eaglelab exchange, typed once (pydantic), and the one rule for how a
-run ended.
+"""The shapes the parts of eaglelab exchange, typed once, and the one rule for how a run ended.
 
-Host side and controller side both import this module (it is pure: no I/O). Each boundary
-validates what crosses it — a run directory's meta.json and exit.json (hostside), a host's report
-(the ssh executor), a registry row, the state JSON — with `validate_*` below, so a file of the
-wrong shape is named and skipped where it is read instead of crashing a reader far away.
+Host side and controller side both import this module, so it is standard library only: a host
+whose venv was made from a small lock (or an old one) must still answer (tests/test_host_imports).
+The shapes are TypedDicts — static types for readers and checkers — and `check` validates a value
+against one at run time. Each boundary checks what crosses it: a run directory's meta.json and
+exit.json (hostside), a host's report and each of its runs (the controller, `checked_report`), so
+a file of the wrong shape is named and skipped where it is read, never a crash far away.
 docs/interfaces.md lists these fields; tests/test_model.py checks that the two agree.
 
-Every model allows fields it does not declare (`extra="allow"`): the contracts add fields, never
-change one (docs/interfaces.md), and an older controller must read a newer host's answer.
+Every shape allows keys it does not declare: the contracts add fields, never change one
+(docs/interfaces.md), and an older controller must read a newer host's answer.
 """
 
-from __future__ import annotations
 
 import signal as _signal
-from enum import StrEnum
-from typing import Any, NamedTuple
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import types
+from enum import Enum, StrEnum
+from typing import Any, NamedTuple, Required, TypedDict, Union, get_args, get_origin, get_type_hints
 
 
 class RunState(StrEnum):
     """A run's state. Strings on the wire and in SQLite; compares equal to its value."""
 
     PENDING = "pending"      # launched, jobwrap not started yet (or queued on a Slurm host)
-    RUNNING = "running"
+    RUNNING = "running"      # also while orphaned: the wrapper died, the stage lives on
     COMPLETED = "completed"  # exit 0
     FAILED = "failed"        # any end nobody asked for: exit != 0, SIGKILL, a crash signal
     KILLED = "killed"        # stopped on purpose (`lab stop`, TERM/INT), or the wrapper vanished (lost)
@@ -38,124 +37,133 @@ ACTIVE = frozenset({RunState.PENDING, RunState.RUNNING})
 FINAL = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.KILLED})
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-
-
-class Failure(_Open):
+class Failure(TypedDict, total=False):
     """Why a run failed: the parser's diagnosis (reason from a fixed list) or the exit status's."""
 
-    reason: str = "other"
-    message: str | None = None
-    line: int | None = None
-    process: str | None = None
+    reason: Required[str]
+    message: str | None
+    line: int | None
+    process: str | None
 
 
-class Meta(_Open):
+class Meta(TypedDict, total=False):
     """meta.json: written at launch, completed by jobwrap when the stage has started."""
 
-    schema_: int = Field(1, alias="schema")
-    run_id: str
-    stage: str
-    host: str | None = None
-    profile: str | None = None
-    fingerprint: str | None = None
-    command: list[str] = []
-    cwd: str | None = None
-    kind: str = "job"
-    launched_at: str | None = None
-    started_at: str | None = None
-    jobwrap_pid: int | None = None
-    pid: int | None = None
-    pgid: int | None = None
+    schema: int
+    run_id: Required[str]
+    stage: Required[str]
+    host: str | None
+    profile: str | None
+    fingerprint: str | None
+    command: list[str]
+    cwd: str | None
+    kind: str
+    launched_at: str | None
+    started_at: str | None
+    jobwrap_pid: int | None
+    pid: int | None
+    pgid: int | None
 
 
-class Exit(_Open):
+class Exit(TypedDict, total=False):
     """exit.json: jobwrap's record of how the stage's process ended."""
 
-    schema_: int = Field(1, alias="schema")
-    exit_code: int | None = None
-    signal: int | None = None
-    signal_name: str | None = None
-    ended_at: str | None = None
-    duration_s: float | None = None
-    state: RunState | None = None
-    stop_requested: bool = False
-    orphans: bool = False
-    error: str | None = None
+    schema: int
+    exit_code: int | None
+    signal: int | None
+    signal_name: str | None
+    ended_at: str | None
+    duration_s: float | None
+    state: RunState | None
+    stop_requested: bool
+    orphans: bool
+    error: str | None
 
 
-class RunRecord(_Open):
+class RunRecord(TypedDict, total=False):
     """One run as the controller knows it: hostside.read_run's answer, a registry row, a run of
     `lab status --json`. `log_state` is the state JSON (docs/interfaces.md), combined with the exit."""
 
-    id: str
-    stage: str
-    host: str
-    state: RunState
-    profile: str | None = None
-    fingerprint: str | None = None
-    kind: str = "job"
-    run_dir: str | None = None
-    pid: int | None = None
-    pgid: int | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    started_at: str | None = None
-    ended_at: str | None = None
-    duration_s: float | None = None
-    lost: bool = False      # the wrapper vanished and nothing of the stage lives: its end is unknown
-    orphaned: bool = False  # the wrapper vanished but the stage lives on (running, unsupervised)
-    orphans: bool = False   # processes of the stage's group outlived its end
-    log_state: dict[str, Any] | None = None
-    log_size: int | None = None
-    slurm: dict[str, Any] | None = None
+    id: Required[str]
+    stage: Required[str]
+    host: Required[str]
+    state: Required[RunState]
+    profile: str | None
+    fingerprint: str | None
+    kind: str
+    run_dir: str | None
+    pid: int | None
+    pgid: int | None
+    exit_code: int | None
+    signal: int | None
+    started_at: str | None
+    ended_at: str | None
+    duration_s: float | None
+    lost: bool       # the wrapper vanished and nothing of the stage lives: its end is unknown
+    orphaned: bool   # the wrapper vanished but the stage lives on (running, unsupervised)
+    orphans: bool    # processes of the stage's group outlived its end
+    log_state: dict[str, Any] | None
+    log_size: int | None
+    slurm: dict[str, Any] | None
 
 
-class HostReport(_Open):
+class HostReport(TypedDict, total=False):
     """hostside.report's answer: every run on the host, and the machine's figures."""
 
-    schema_: int = Field(1, alias="schema")
-    runs: list[Any] = []  # each checked on its own (validate_run): one bad run never hides the rest
-    gpus: list[dict[str, Any]] | None = None
-    checked_at: str | None = None
-    free_disk_bytes: int | None = None
-    load: list[float] | None = None
+    schema: int
+    runs: Required[list[Any]]  # each checked on its own (RunRecord): one bad run never hides the rest
+    bad_runs: list[dict[str, Any]]
+    gpus: list[dict[str, Any]] | None
+    checked_at: str | None
+    free_disk_bytes: int | None
+    load: list[float] | None
 
 
 # The run record's fields, in one place: the registry's columns and `lab status --json` use them.
-RUN_FIELDS: tuple[str, ...] = tuple(RunRecord.model_fields)
+RUN_FIELDS: tuple[str, ...] = tuple(get_type_hints(RunRecord))
 
 
 class BadRecord(ValueError):
     """A file or an answer of the wrong shape; the message says which and what is wrong."""
 
 
-def _validate(model: type[BaseModel], data: Any, where: str) -> BaseModel:
+def _conforms(value: Any, tp: Any) -> bool:
+    if tp is Any:
+        return True
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if origin is list:
+        return isinstance(value, list) and (not args or all(_conforms(v, args[0]) for v in value))
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return isinstance(value, str) and value in tp._value2member_map_
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def check(shape: type, data: Any, where: str) -> dict:
+    """data if it is a JSON object of that shape (required keys present, declared keys of the
+    declared types; other keys allowed), else BadRecord naming `where`, the key and what is wrong."""
     if not isinstance(data, dict):
-        raise BadRecord(f"{where}: expected a JSON object, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        bits = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(top)'}: {err['msg']}" for err in e.errors()[:3])
-        raise BadRecord(f"{where}: {bits}") from None
-
-
-def validate_meta(data: Any, where: str) -> Meta:
-    return _validate(Meta, data, where)
-
-
-def validate_exit(data: Any, where: str) -> Exit:
-    return _validate(Exit, data, where)
-
-
-def validate_run(data: Any, where: str) -> dict:
-    """A run record checked and normalized (types as declared), as a plain JSON-able dict."""
-    return _validate(RunRecord, data, where).model_dump(mode="json", by_alias=True)
-
-
-def validate_report(data: Any, where: str) -> HostReport:
-    return _validate(HostReport, data, where)
+        raise BadRecord(f"{where}: expected a JSON object ({shape.__name__}), got {type(data).__name__}")
+    missing = [k for k in shape.__required_keys__ if k not in data]
+    if missing:
+        raise BadRecord(f"{where}: missing {', '.join(missing)} ({shape.__name__})")
+    for key, tp in get_type_hints(shape).items():
+        if key in data and not _conforms(data[key], tp):
+            raise BadRecord(f"{where}: {key} is {data[key]!r:.80}, expected {_type_name(tp)} ({shape.__name__})")
+    return data
 
 
 # -- how a run ended: the one rule --------------------------------------------------------------

@@ -29,7 +29,7 @@ from .executors import Executor, HostUnreachable, for_host
 from eaglelab.fsutil import parse_iso
 from eaglelab.control.registry import Registry
 
-from eaglelab.model import ACTIVE, BadRecord, exit_text, validate_report, validate_run
+from eaglelab.model import ACTIVE, BadRecord, HostReport, RunRecord, check, exit_text
 # Code every stage script leans on: a change here is a change of every stage that uses it.
 STAGE_SHARED_CODE = tuple(REPO_ROOT / "py" / "eaglelab" / p for p in ("stages/common.py", "manifest.py"))
 
@@ -374,11 +374,11 @@ def exit_code_of(rec: dict) -> int:
 
 
 def checked_report(host: str, report: dict) -> dict:
-    """A host's report validated where it enters the controller: every run record checked against
+    """A host's report checked where it enters the controller: every run record checked against
     eaglelab.model.RunRecord; one of the wrong shape is listed in `bad_runs` (named, with what is
     wrong) and left out, so one bad run directory never takes `lab status` or the page down."""
     try:
-        rep = validate_report(report, f"host {host}: report").model_dump(by_alias=True)
+        rep = dict(check(HostReport, report, f"host {host}: report"))
     except BadRecord as e:
         return {"schema": 1, "runs": [], "bad_runs": [{"run_dir": None, "error": str(e)}]}
     runs, bad = [], list(rep.get("bad_runs") or [])
@@ -387,7 +387,7 @@ def checked_report(host: str, report: dict) -> dict:
             r.setdefault("host", host)
         where = f"host {host}: run {r.get('run_dir') or r.get('id') if isinstance(r, dict) else '?'}"
         try:
-            runs.append(validate_run(r, where))
+            runs.append(check(RunRecord, r, where))
         except BadRecord as e:
             bad.append({"run_dir": r.get("run_dir") if isinstance(r, dict) else None, "error": str(e)})
     rep.update(runs=runs, bad_runs=bad)

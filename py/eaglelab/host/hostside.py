@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from eaglelab.fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
-from eaglelab.model import BadRecord, decide_end, signal_text, validate_exit, validate_meta
+from eaglelab.model import BadRecord, Exit, Meta, check, decide_end, signal_text
 from . import hostfacts
 from .jobwrap import group_alive
 from .machine import free_disk, gpus, inputs_digest, mark_gpu_holders
@@ -119,11 +119,11 @@ def run_processes(pgid: int | None, run_dir: Path) -> list[int]:
 def read_run(run_dir: Path, now: float | None = None) -> dict:
     """One run's record from its directory (see docs/interfaces.md for the state rules)."""
     now = now or time.time()
-    meta = _checked(run_dir / "meta.json", validate_meta)
+    meta = _checked(run_dir / "meta.json", Meta)
     if meta is None:
         raise BadRecord(f"{run_dir}/meta.json: missing or unreadable (a launch that failed, or a full disk "
                         f"at launch); move the directory aside once nothing runs there")
-    exit_info = _checked(run_dir / "exit.json", validate_exit)
+    exit_info = _checked(run_dir / "exit.json", Exit)
     rec = {
         "id": meta.get("run_id", run_dir.name), "stage": meta.get("stage"), "host": meta.get("host"),
         "profile": meta.get("profile"), "fingerprint": meta.get("fingerprint"), "kind": meta.get("kind", "job"),
@@ -137,7 +137,7 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     except OSError:
         pass
     if exit_info is None and not _alive(meta.get("jobwrap_pid"), run_dir):
-        exit_info = _checked(run_dir / "exit.json", validate_exit)  # it may have ended between the reads
+        exit_info = _checked(run_dir / "exit.json", Exit)  # it may have ended between the reads
         if exit_info is None:
             launched = parse_iso(meta.get("launched_at")) or 0
             if not meta.get("started_at") and now - launched < 10:
@@ -165,11 +165,11 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     return rec
 
 
-def _checked(path: Path, validate) -> dict | None:
+def _checked(path: Path, shape: type) -> dict | None:
     """A run directory's JSON file, checked against its model (eaglelab.model); None if absent.
     Valid JSON of the wrong shape is a BadRecord naming the file, never a crash far away."""
     data = read_json(path)
-    return None if data is None else validate(data, str(path)).model_dump(by_alias=True)
+    return None if data is None else check(shape, data, str(path))
 
 
 def report(work_dir: str, stage: str | None = None) -> dict:

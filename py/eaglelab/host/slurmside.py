@@ -333,6 +333,10 @@ def merge(rec: dict, run_dir: Path, sl: dict | None, slurm_error: str | None = N
             rec.update(state=ours, lost=False, ended_at=None, exit_code=None, signal=None)
             if ours == "pending":
                 rec["duration_s"] = None
+        else:
+            # jobwrap has recorded its end but Slurm has not (COMPLETING): Slurm may yet call it
+            # TIMEOUT, OUT_OF_MEMORY or PREEMPTED, so the run is not over until Slurm says so
+            rec["state"] = "running"
     elif state in END_STATES or state:
         ours, reason = map_end(state, exit_info, rec.get("stop_requested", False), _read(run_dir / "slurm.out"))
         rec.update(state=ours, lost=False)
