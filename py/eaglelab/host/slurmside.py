@@ -37,7 +37,7 @@ MASTER_PORT_BASE = 29500
 HEARTBEAT_STALE_S = 30.0
 
 # Slurm's end state -> (our run state, failure reason or None). The one table; tests/test_slurm_states.py
-# checks every row. COMPLETED and FAILED defer to jobwrap's exit.json when there is one.
+# checks every row (the live cluster, tests/test_slurm_lab.py, those it can produce). COMPLETED and FAILED defer to jobwrap's exit.json when there is one.
 END_STATES: dict[str, tuple[str, str | None]] = {
     "COMPLETED": ("completed", None),
     "FAILED": ("failed", None),
