@@ -166,7 +166,23 @@ def cell(stage: dict, run: dict | None, hosts: dict[str, dict], now: float) -> d
         "unreachable_since": fmt_clock(ts(host.get("unreachable_since")), now) if state == "unreachable" else "",
         "note": state_file_note(run) if run and state in ("running", "stalled") else "",
         "stall": str(mapping(ls.get("stall")).get("message") or "") if state == "stalled" else "",
+        "queue": queue_view(run, now) if run else None,
     }
+
+
+def queue_view(run: dict, now: float) -> dict | None:
+    """A Slurm run's place: job id, Slurm's state and reason, queue position, time queued, Slurm's
+    own start estimate, the nodes (None for a run of another kind of host)."""
+    sl = mapping(run.get("slurm"))
+    if not sl:
+        return None
+    reason, pos = sl.get("reason"), sl.get("queue_position")
+    return {"job_id": str(sl.get("job_id") or "?"), "state": str(sl.get("state") or "?"),
+            "reason": str(reason) if reason not in (None, "None", "") else "",
+            "position": pos if isinstance(pos, int) and not isinstance(pos, bool) else None,
+            "queued": fmt_duration(num(sl.get("queued_s"))),
+            "start_estimate": fmt_clock(ts(sl.get("start_estimate")), now) if run.get("state") == "pending" else "",
+            "nodes": str(sl.get("nodelist") or "")}
 
 
 def overview(status: dict, now: float) -> dict:
@@ -305,6 +321,12 @@ def _timeline_row(stage: dict, run: dict | None, runs: list[dict], ends: dict, n
     segs = []
     note = ""
     start = ts((run or {}).get("started_at"))
+    submitted = ts(mapping((run or {}).get("slurm")).get("submitted_at"))
+    queue_end = start if start is not None else (now if state == "pending" else None)
+    if submitted is not None and queue_end is not None and queue_end > submitted:
+        # queue time is its own segment: Slurm's wait is not the stage's work
+        segs.append({"kind": "queued", "start": submitted, "end": queue_end,
+                     "tip": f"{name}: queued {fmt_duration(queue_end - submitted)}"})
     deps_end = max([ends[d] for d in stage.get("depends_on") or [] if d in ends] + [now])
     if run and start is not None and state in FINAL:
         end = ts(run.get("ended_at")) or start + (num(run.get("duration_s")) or 0)
