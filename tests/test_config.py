@@ -115,3 +115,28 @@ def test_shell_looking_text_is_inert_data(tmplab):
     cfg = load(tmplab, PIPELINE.replace('n: "5"', "n: '$(rm -rf /) `id` $HOME $1'"))
     a = cfg.stage("a")
     assert cfg.render(a, a.command[2], cfg.vars_for(a)) == "print($(rm -rf /) `id` $HOME $1)"
+
+
+@pytest.mark.parametrize("stage", ["a/b", "../x", "-rf", "two\nlines", "sp ace", ".hidden"])
+def test_a_stage_name_is_a_name(tmplab, stage):
+    """Names become run ids, file names and crontab lines: `a/b` used to crash, a newline to add a
+    second crontab entry."""
+    import json
+    pipeline = "stages:\n  " + json.dumps(stage) + ":\n    host: local\n    command: [\"true\"]\n"
+    with pytest.raises(ConfigError, match="stage name .* is not allowed") as e:
+        load(tmplab, pipeline)
+    assert "pipeline.yaml" in str(e.value)
+
+
+@pytest.mark.parametrize("profile", ["../../etc/x", "a\nb", "/abs"])
+def test_a_profile_name_cannot_reach_another_file(tmplab, profile):
+    """`--profile ../../x` used to load any YAML file."""
+    tmplab.write_pipeline(PIPELINE)
+    with pytest.raises(ConfigError, match="profile name .* is not allowed"):
+        config.load(tmplab.conf, profile)
+
+
+def test_a_host_name_is_a_name(tmplab):
+    tmplab.write_lab("  bad/host:\n    reach: local\n")
+    with pytest.raises(ConfigError, match="host name 'bad/host' is not allowed"):
+        load(tmplab)

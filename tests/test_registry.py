@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
@@ -9,7 +10,10 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from eaglelab.control.registry import Registry
+from eaglelab.errors import RegistryError
 
 WRITER = textwrap.dedent("""\
     import sys
@@ -96,3 +100,46 @@ def test_writer_killed_while_holding_the_write_lock(tmp_path):
     assert reg.get("keep")["state"] == "completed"  # the dead writer's change never landed
     reg.upsert({"id": "new", "stage": "s", "host": "h", "state": "running"})
     assert {r["id"] for r in reg.runs()} == {"keep", "new"}
+
+
+# -- errors that name their cause (a healthy registry is never to be thrown away) ---------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 256 KiB tmpfs, mounted for the test and unmounted after it."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_read_only_registry_says_so(small_disk):
+    reg = Registry(small_disk / "registry.sqlite")
+    reg.upsert({"id": "a-1", "stage": "a", "host": "local", "state": "running"})
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    with pytest.raises(RegistryError) as e:
+        Registry(small_disk / "registry.sqlite").upsert({"id": "a-1", "stage": "a", "host": "local",
+                                                         "state": "completed"})
+    assert "read-only" in str(e.value) and "move it aside" not in str(e.value)
+
+
+def test_a_full_disk_is_a_full_disk_not_a_broken_registry(small_disk):
+    reg = Registry(small_disk / "registry.sqlite")
+    fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:  # fill what is left
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    big = {"id": "a-1", "stage": "a", "host": "local", "state": "running", "log_state": {"x": "y" * 60_000}}
+    with pytest.raises(RegistryError) as e:
+        reg.upsert(big)
+    assert "full" in str(e.value) and "move it aside" not in str(e.value)
+    (small_disk / "filler").unlink()
+    reg.upsert(big)  # space again: the same registry works, nothing to rebuild
+    assert reg.get("a-1")["state"] == "running"

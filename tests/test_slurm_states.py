@@ -6,6 +6,7 @@ single-node test cluster can produce; this covers every row, including those it 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -76,3 +77,39 @@ def test_pending_carries_its_queue_time_as_its_own_segment(tmp_path):
     out = slurmside.merge(rec, d, {"slurm_state": "PENDING", "reason": "Resources", "queue_position": 2}, now=now)
     assert out["state"] == "pending" and out["slurm"]["reason"] == "Resources"
     assert out["slurm"]["queued_s"] == 90.0 and out["slurm"]["queue_position"] == 2
+
+
+DIST_SCRIPT = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()}/{dist.get_world_size()} sum {t.item():.0f}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_the_multi_node_command_is_a_working_torchrun_rendezvous(tmp_path):
+    """nodes > 1: one srun task per node, each a torchrun meeting at a c10d rendezvous on the first
+    node. One machine is one node, so the srun part is checked as argv and the torchrun part is run
+    for real: one node of two CPU ranks (gloo) rendezvous at the address the allocation gives."""
+    import socket
+    import subprocess
+    import sys
+    script = tmp_path / "allreduce.py"
+    script.write_text(DIST_SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = slurmside.distributed_command([sys.executable, str(script)], nnodes=2, gpus=2, master="127.0.0.1",
+                                         port=port, job_id="77")
+    assert argv[:4] == ["srun", "--ntasks-per-node=1", "--nodes=2", "--kill-on-bad-exit=1"]
+    torchrun = argv[4:]
+    assert torchrun[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--nnodes=2" in torchrun and "--nproc-per-node=2" in torchrun
+    assert f"--rdzv-endpoint=127.0.0.1:{port}" in torchrun and "--rdzv-id=eaglelab-77" in torchrun
+    one_node = [a if a != "--nnodes=2" else "--nnodes=1" for a in torchrun]
+    p = subprocess.run(one_node, capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert sorted(ln for ln in p.stdout.splitlines() if ln.startswith("rank")) == ["rank 0/2 sum 3", "rank 1/2 sum 3"]

@@ -87,3 +87,42 @@ def test_mirror_file_names_for_hostile_host_names(tmp_path):
     p = m.path("../../etc; rm -rf $(x)", "run-1")
     assert p.parent.parent == tmp_path and safe_name("ok-name.1") == "ok-name.1"
     assert safe_name("a/b") != safe_name("a_b")  # distinct names stay distinct
+
+
+# -- where the ssh master sockets live ----------------------------------------------------------
+
+def test_a_space_in_the_logs_path_stays_one_control_path(tmp_path):
+    """ssh reads `-o` like a config line: unquoted, a space splits the path (every host read as
+    unreachable). `ssh -G` prints the configuration ssh would use, without connecting."""
+    import tempfile
+    logs = Path(tempfile.mkdtemp(prefix="e l-"))  # short enough for a socket path, with a space
+    ex = executor(logs)
+    argv = ex.ssh_argv()
+    import subprocess
+    out = subprocess.run([*argv, "-G", "gpu1"], capture_output=True, text=True, timeout=20).stdout
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("controlpath ")]
+    assert line == f"controlpath {ex.control_path()}" and " " in ex.control_path()
+
+
+@pytest.mark.parametrize("how", ["loose", "someone_elses", "link"])
+def test_a_control_socket_folder_others_could_use_is_refused(tmp_path, how, monkeypatch):
+    import os
+    long_logs = tmp_path / ("x" * 120)  # too long for a socket path: the short private folder is used
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    d = runtime / "eaglelab-ssh"
+    if how == "link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        d.symlink_to(tmp_path / "elsewhere")
+    else:
+        d.mkdir(mode=0o700)
+        if how == "loose":
+            d.chmod(0o777)
+        else:
+            os.chown(d, 65534, 65534)  # made first by another user (nobody)
+    with pytest.raises(HostError, match="ssh control sockets' folder"):
+        executor(long_logs).control_path()
+    if how == "loose":
+        d.chmod(0o700)
+        assert executor(long_logs).control_path().startswith(str(d) + "/")  # ours and private: used

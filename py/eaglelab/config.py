@@ -360,12 +360,21 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
 PROFILE_KEYS = {"hosts", "vars", "stages", "notify", "web", "description"}
 
 
+def check_name(kind: str, name: object, where: str) -> None:
+    """Host, stage and profile names become file names, run ids and crontab lines: letters, digits,
+    `_`, `.`, `-`, starting with a letter or digit (so no `/`, `..`, newline or option-like `-x`)."""
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name) or len(name) > 64:
+        raise ConfigError(f"{where}: {kind} name {name!r} is not allowed; use letters, digits, `_`, `.` "
+                          f"and `-` (at most 64, starting with a letter or digit)")
+
+
 def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) -> Config:
     """Load conf_dir (default $EAGLELAB_CONF or <repo>/conf) with a profile merged on top."""
     conf_dir = Path(conf_dir or os.environ.get("EAGLELAB_CONF") or REPO_ROOT / "conf").resolve()
     lab_file, pipe_file = conf_dir / "lab.yaml", conf_dir / "pipeline.yaml"
     lab_raw, pipe_raw = _load_yaml(lab_file), _load_yaml(pipe_file)
     profile = profile or os.environ.get("EAGLELAB_PROFILE") or lab_raw.get("profile") or "demo"
+    check_name("profile", profile, f"the profile (--profile, EAGLELAB_PROFILE or {lab_file}: profile)")
     prof_raw: dict = {}
     prof_file = conf_dir / "profiles" / f"{profile}.yaml"
     if profile != "none":
@@ -383,6 +392,10 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
     lab = _validate(LabConfig, _deep_merge(lab_raw, prof_lab), [lab_file, prof_file], [lab_raw, prof_lab])
     pipe = _validate(PipelineConfig, _deep_merge(pipe_raw, prof_pipe), [pipe_file, prof_file],
                      [pipe_raw, prof_pipe])
+    for name in lab.hosts:
+        check_name("host", name, f"{lab_file} (or {prof_file}): hosts")
+    for name in pipe.stages:
+        check_name("stage", name, f"{pipe_file} (or {prof_file}): stages")
     for name, h in lab.hosts.items():
         h.name = name
         if h.reach == "slurm" and h.slurm is None:

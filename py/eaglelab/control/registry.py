@@ -9,6 +9,7 @@ transaction. It is a cache of the hosts' run directories (the hosts are the sour
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import sys
@@ -48,6 +49,30 @@ CREATE TABLE IF NOT EXISTS phases (
 """
 
 
+def describe_error(path: Path, e: sqlite3.Error) -> str:
+    """What went wrong with the registry, and the fix for that cause: a full disk, a read-only
+    folder or an I/O error is not a broken registry, and must not be answered by throwing it away."""
+    text = str(e).lower()
+    where = f"{path}: {e}"
+    try:
+        read_only_fs = bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only_fs = False
+    if read_only_fs or "readonly" in text or "read-only" in text:
+        return (f"{where}: the registry or its folder is read-only for this user; make {path.parent} "
+                f"writable (or set logs_dir in conf/lab.yaml to a writable folder)")
+    if "full" in text:
+        return f"{where}: the disk that holds it is full; free space there (`df -h {path.parent}`) and run again"
+    if "disk i/o" in text:
+        return f"{where}: an I/O error from the disk or filesystem, not a damaged registry; check `dmesg`"
+    if "unable to open" in text:
+        return f"{where}: cannot open it; check that {path.parent} exists and is writable for this user"
+    if "locked" in text:
+        return f"{where}: another lab process has held the write lock for over a minute; try again"
+    return (f"{where}: not a usable registry; move it aside and run `lab status` to rebuild it from "
+            f"the hosts' run directories (nothing on the hosts is lost)")
+
+
 class Registry:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -59,11 +84,18 @@ class Registry:
             with self._connect() as db:
                 ensure_schema(db, SCHEMA, {"runs": ADDED_COLUMNS})
         except sqlite3.DatabaseError as e:
-            raise RegistryError(f"{self.path}: not a usable registry ({e}); move it aside and run "
-                                f"`lab status` to rebuild it from the hosts") from None
+            raise RegistryError(describe_error(self.path, e)) from None
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
+        try:
+            with self._open() as db:
+                yield db
+        except sqlite3.OperationalError as e:  # read-only, full, I/O: say which, never a traceback
+            raise RegistryError(describe_error(self.path, e)) from None
+
+    @contextmanager
+    def _open(self) -> Iterator[sqlite3.Connection]:
         db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
         try:
             db.execute("PRAGMA busy_timeout=60000")

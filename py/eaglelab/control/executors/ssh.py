@@ -18,6 +18,7 @@ import json
 import os
 import posixpath
 import shlex
+import stat as _stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -26,6 +27,22 @@ from eaglelab.config import REPO_ROOT, HostConfig
 from eaglelab.errors import HostError
 from ..mirror import LogMirror
 from .base import Executor, HostUnreachable
+
+def private_dir(d: Path) -> Path:
+    """d, made if missing, and only if it is a real directory of ours that nobody else can enter.
+    Whoever can write where the ssh master sockets are receives every remote command (stage
+    secrets included) and can forge the hosts' answers: a folder someone else made first (in the
+    shared temp dir, say), a link, or loose permissions are refused, never used."""
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.lstat(d)
+    if not _stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        why = ("is not a directory (a link?)" if not _stat.S_ISDIR(st.st_mode) else
+               f"belongs to uid {st.st_uid}, not {os.getuid()}" if st.st_uid != os.getuid() else
+               f"has mode {_stat.S_IMODE(st.st_mode):o}, not 700")
+        raise HostError(f"{d}: the ssh control sockets' folder {why}; another user could read or forge "
+                        f"what the hosts answer. Remove it (or `chmod 700` it if it is yours) and try again")
+    return d
+
 
 SOCKET_MAX = 90  # sun_path is 108 bytes; ssh adds a 17-byte temporary suffix while it binds
 
@@ -96,10 +113,10 @@ class SshExecutor(Executor):
                           str(self.logs_dir)])
         name = hashlib.sha256(key.encode()).hexdigest()[:20]
         d = self.logs_dir / "ssh"
-        if len(str(d / name)) > SOCKET_MAX:
-            d = Path(tempfile.gettempdir()) / f"eaglelab-ssh-{os.getuid()}"
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return str(d / name)
+        if len(str(d / name)) > SOCKET_MAX:  # too long for a socket: a short private folder instead
+            runtime = os.environ.get("XDG_RUNTIME_DIR")
+            d = Path(runtime) / "eaglelab-ssh" if runtime else Path(tempfile.gettempdir()) / f"eaglelab-ssh-{os.getuid()}"
+        return str(private_dir(d) / name)
 
     def ssh_argv(self, multiplex: bool | None = None) -> list[str]:
         """`ssh` and its options, up to (not including) the destination."""
@@ -107,7 +124,8 @@ class SshExecutor(Executor):
         argv = ["ssh", "-T", "-x", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={s.connect_timeout_s}",
                 "-o", f"ServerAliveInterval={s.alive_interval_s}", "-o", f"ServerAliveCountMax={s.alive_count_max}"]
         if s.multiplex if multiplex is None else multiplex:
-            argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_path().replace('%', '%%')}",
+            # quoted: a space in the logs path must not split the option (ssh reads -o like a config line)
+            argv += ["-o", "ControlMaster=auto", "-o", f'ControlPath="{self.control_path().replace("%", "%%")}"',
                      "-o", f"ControlPersist={s.control_persist_s}"]
         else:
             argv += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
