@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import LAB
 from eaglelab.fsutil import parse_iso
 
@@ -267,3 +269,53 @@ def _live_in_group(pgid: int) -> list[int]:
         if d.name.isdigit() and int(fields[2]) == pgid and fields[0] != "Z":
             live.append(int(d.name))
     return live
+
+
+def test_a_slow_jobwrap_start_is_pending_not_lost(tmp_path):
+    """jobwrap can take longer than any grace to start on a loaded host or a cold venv: while the
+    process hostside spawned lives, the run is pending, never lost (and launched a second time)."""
+    import sys
+    from eaglelab.host import hostside
+    slow = tmp_path / "slowpy"
+    slow.write_text(f"#!/bin/sh\nsleep 12\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    work = tmp_path / "work"
+    hostside.launch(str(work), {"stage": "s", "command": [sys.executable, "-c", "print('hi')"],
+                                "python": str(slow), "cwd": str(tmp_path)}, wait_s=0.2)
+    (run_dir,) = list((work / "runs").iterdir())
+    assert (run_dir / "spawned.json").exists()
+    later = time.time() + 60  # as if a minute had gone by: the spawned process still lives
+    assert hostside.read_run(run_dir, now=later)["state"] == "pending"
+    deadline = time.time() + 60
+    while hostside.read_run(run_dir)["state"] != "completed" and time.time() < deadline:
+        time.sleep(0.3)
+    assert hostside.read_run(run_dir)["state"] == "completed"
+
+
+def test_a_lost_run_is_finalized(tmplab):
+    """Wrapper and stage both gone with no exit recorded: the run ends at its last sign of life
+    (its duration stops growing) and its log state no longer says running."""
+    from eaglelab.host import hostside
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "sleeper", "--detach")
+    run = tmplab.runs("sleeper")[0]
+    meta = tmplab.wait_for(lambda: (m := _meta(tmplab, run["id"])).get("pid") and m)
+    run_dir = tmplab.work / "runs" / run["id"]
+    tmplab.wait_for(lambda: (run_dir / "state.json").exists())
+    os.kill(meta["jobwrap_pid"], signal.SIGKILL)
+    os.killpg(meta["pgid"], signal.SIGKILL)
+    tmplab.wait_for(lambda: not _live_in_group(meta["pgid"]), timeout=10)
+    first = tmplab.wait_for(lambda: (r := hostside.read_run(run_dir))["state"] != "running" and r)
+    later = hostside.read_run(run_dir, now=time.time() + 3600)
+    assert (first["state"], first["lost"]) == ("killed", True) and first["ended_at"]
+    assert later["duration_s"] == first["duration_s"] < 60
+    assert later["log_state"]["state"] == "killed" and later["log_state"]["stall"] is None
+
+
+def test_a_launch_that_cannot_start_leaves_no_fake_run(tmp_path):
+    import sys
+    from eaglelab.host import hostside
+    work = tmp_path / "work"
+    with pytest.raises(hostside.LaunchError, match="cannot start jobwrap"):
+        hostside.launch(str(work), {"stage": "s", "command": [sys.executable, "-c", "x" * 300_000]})
+    assert list((work / "runs").iterdir()) == []  # no run directory to read as "killed, lost"

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,13 @@ from .jobwrap import group_alive
 from .machine import free_disk, gpus, inputs_digest, mark_gpu_holders
 from .tail.run import run_state
 
+
+
+SPAWN_GRACE_S = 10.0  # between the spawn and spawned.json; after that, the spawned process must live
+
+
+class LaunchError(RuntimeError):
+    """jobwrap could not be started; no run directory is left behind."""
 
 
 def new_run_id(stage: str, now: float | None = None) -> str:
@@ -63,10 +71,17 @@ def launch(work_dir: str, spec: dict, wait_s: float = 10.0) -> dict:
     # jobwrap must import this very package, wherever the host's venv is.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                       env.get("PYTHONPATH")]))
-    with open(run_dir / "jobwrap.log", "ab") as out:
-        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                         cwd=meta["cwd"] if os.path.isdir(meta["cwd"]) else None, env=env,
-                         start_new_session=True, close_fds=True)
+    try:
+        with open(run_dir / "jobwrap.log", "ab") as out:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=meta["cwd"] if os.path.isdir(meta["cwd"]) else None, env=env,
+                                    start_new_session=True, close_fds=True)
+    except OSError as e:  # e.g. "Argument list too long": no run was made, leave no fake one behind
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise LaunchError(f"{spec['stage']}: cannot start jobwrap ({python}): {e}") from None
+    # What was spawned, so that a slow start (a loaded host, a cold venv) reads as pending while
+    # that process lives, never as lost (and launched again). nohup execs: the pid is jobwrap's.
+    atomic_write_json(run_dir / "spawned.json", {"schema": 1, "pid": proc.pid, "at": utcnow_iso()})
     deadline = time.time() + wait_s
     while time.time() < deadline:
         m = read_json(run_dir / "meta.json") or {}
@@ -140,14 +155,18 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
         exit_info = _checked(run_dir / "exit.json", Exit)  # it may have ended between the reads
         if exit_info is None:
             launched = parse_iso(meta.get("launched_at")) or 0
-            if not meta.get("started_at") and now - launched < 10:
-                rec["state"] = "pending"  # jobwrap is still starting
+            spawned = read_json(run_dir / "spawned.json")
+            spawned_pid = spawned.get("pid") if isinstance(spawned, dict) else None
+            if not meta.get("started_at") and (_alive(spawned_pid, run_dir) or now - launched < SPAWN_GRACE_S):
+                rec["state"] = "pending"  # jobwrap is still starting, however slowly
             elif run_processes(meta.get("pgid"), run_dir):
                 # the wrapper died (kill -9, OOM) but the stage lives on, unsupervised: still running,
                 # never launched again while alive, stoppable (stop() records its end)
                 rec.update(state="running", orphaned=True)
             else:
-                rec.update(state="killed", lost=True)
+                # wrapper and stage gone, the end unrecorded: it ended at its last sign of life,
+                # so its duration stops growing (the heartbeat, else the log's last write)
+                rec.update(state="killed", lost=True, ended_at=_last_sign_of_life(run_dir, meta))
     if exit_info is not None:
         rec.update(state=exit_info.get("state"), exit_code=exit_info.get("exit_code"),
                    signal=exit_info.get("signal"), ended_at=exit_info.get("ended_at"),
@@ -158,11 +177,24 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     rec["duration_s"] = round((end or now) - start, 3) if start else None
     # the tailer's state.json combined with the exit (a SIGKILL is host_oom_killed, exit 0 completed)
     rec["log_state"] = run_state(run_dir)
+    if rec.get("lost") and isinstance(rec["log_state"], dict) and rec["log_state"].get("state") in ("running", "stalled"):
+        # the log's own word ends with the run: not "running" with stale progress forever
+        rec["log_state"] = {**rec["log_state"], "state": "killed", "stall": None, "lost": True}
     try:
         rec["log_size"] = (run_dir / "output.log").stat().st_size
     except OSError:
         rec["log_size"] = 0
     return rec
+
+
+def _last_sign_of_life(run_dir: Path, meta: dict) -> str | None:
+    times = []
+    for name in ("heartbeat", "output.log", "state.json"):
+        try:
+            times.append((run_dir / name).stat().st_mtime)
+        except OSError:
+            pass
+    return utcnow_iso(max(times)) if times else meta.get("started_at") or meta.get("launched_at")
 
 
 def _checked(path: Path, shape: type) -> dict | None:
