@@ -140,3 +140,35 @@ def test_a_host_name_is_a_name(tmplab):
     tmplab.write_lab("  bad/host:\n    reach: local\n")
     with pytest.raises(ConfigError, match="host name 'bad/host' is not allowed"):
         load(tmplab)
+
+
+def test_a_key_given_twice_is_an_error_naming_both_lines(tmplab):
+    dup = PIPELINE + "  a:\n    host: local\n    command: [\"false\"]\n"
+    with pytest.raises(ConfigError, match=r"pipeline.yaml: .*key 'a' given twice: lines 4 and 11"):
+        load(tmplab, dup)
+
+
+def test_nested_vars_cannot_blow_up(tmplab):
+    """520 bytes of YAML with nested ${var}s used to become a 100 MB argument list."""
+    lines = ["vars:", '  v0: "xxxxxxxxxxxxxxxx"'] + [f'  v{i}: "${{v{i - 1}}}${{v{i - 1}}}${{v{i - 1}}}${{v{i - 1}}}"'
+                                                     for i in range(1, 14)]
+    pipeline = "\n".join(lines) + '\nstages:\n  a:\n    host: local\n    command: ["echo", "${v13}"]\n'
+    assert len(pipeline) < 1000
+    with pytest.raises(ConfigError, match="expands to .* characters"):
+        load(tmplab, pipeline)
+
+
+def test_yaml_aliases_cannot_blow_up(tmplab):
+    lol = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lol += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    tmplab.write_pipeline("\n".join(lol) + "\nstages: {}\n")
+    with pytest.raises(ConfigError, match="aliases"):
+        config.load(tmplab.conf)
+
+
+def test_a_var_is_a_scalar_and_a_conf_file_is_text(tmplab):
+    with pytest.raises(ConfigError, match=r"vars.n is a dict"):
+        load(tmplab, PIPELINE.replace('n: "5"', "n: {a: 1}"))
+    (tmplab.conf / "pipeline.yaml").write_bytes(b"stages:\n  a: \xff\xfe\n")
+    with pytest.raises(ConfigError, match="pipeline.yaml: not UTF-8 text"):
+        config.load(tmplab.conf)

@@ -150,3 +150,25 @@ def test_lab_status_survives_a_bad_run_directory_and_names_it(tmplab):
     out = tmplab.lab("status").stdout
     assert str(bad) in out and "meta.json" in out
     tmplab.lab("run", "quick")  # and the stage itself still runs (up to date: skipped)
+
+
+def test_a_run_directory_of_another_user_is_never_read_nor_stopped(tmp_path):
+    import os
+    runs = tmp_path / "work" / "runs"
+    _good_run(runs)
+    planted = _good_run(runs, "tick-20261202T000009-evil")
+    os.chown(planted / "meta.json", 65534, 65534)  # another user's file in a shared work dir
+    rep = hostside.report(str(tmp_path / "work"))
+    assert [r["id"] for r in rep["runs"]] == ["tick-20261202T000000-abcd"]
+    assert "not by you" in rep["bad_runs"][0]["error"]
+    with pytest.raises(model.BadRecord):
+        hostside.stop(str(tmp_path / "work"), planted.name, grace_s=0.1)
+
+
+def test_runs_folder_is_private(tmp_path):
+    import sys
+    work = tmp_path / "work"
+    hostside.launch(str(work), {"stage": "s", "command": [sys.executable, "-c", "print(1)"], "cwd": str(tmp_path)})
+    assert (work / "runs").stat().st_mode & 0o077 == 0
+    (d,) = (work / "runs").iterdir()
+    assert d.stat().st_mode & 0o077 == 0

@@ -279,7 +279,49 @@ def _substitute(value: str, variables: _ResolvedVars, where: str) -> str:
                               f"{did_you_mean(name, variables.raw)}; define it under `vars:`")
         return m.group(0)  # $word that is no variable: literal text
 
-    return _VAR_TOKEN.sub(one, value)
+    out = _VAR_TOKEN.sub(one, value)
+    if len(out) > MAX_EXPANDED:  # nested ${var}s grow exponentially: 520 bytes once made 100 MB
+        raise ConfigError(f"{where}: {value[:60]!r}... expands to {len(out):,} characters (at most "
+                          f"{MAX_EXPANDED:,}); check the `vars:` that refer to each other")
+    return out
+
+
+MAX_EXPANDED = 64 * 1024     # characters in one rendered value (an argv item, an env value)
+MAX_YAML_NODES = 100_000     # values in a file once its aliases are expanded (no "billion laughs")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (the second silently replaced the
+    first: a whole stage vanished that way), naming both lines."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # the base class reports unhashable keys
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice: lines {seen[key] + 1} and {key_node.start_mark.line + 1}",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def _expanded_size(data: Any, memo: dict | None = None) -> int:
+    """How many values data holds with every alias expanded (shared objects counted each time)."""
+    memo = {} if memo is None else memo
+    if id(data) in memo:
+        return memo[id(data)]
+    n = 1
+    if isinstance(data, dict):
+        n += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in data.items())
+    elif isinstance(data, list):
+        n += sum(_expanded_size(v, memo) for v in data)
+    memo[id(data)] = n
+    return n
 
 
 def _load_yaml(path: Path) -> dict:
@@ -287,10 +329,17 @@ def _load_yaml(path: Path) -> dict:
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found (copy it from the repository's conf/)") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:  # a directory, a FIFO, no permission
+        raise ConfigError(f"{path}: cannot be read as a file ({e.strerror or e})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if _expanded_size(data) > MAX_YAML_NODES:
+        raise ConfigError(f"{path}: expands to over {MAX_YAML_NODES:,} values through its aliases (&/*); "
+                          f"write the values out, or use fewer nested aliases")
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -416,6 +465,11 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
                 raise ConfigError(f"{where}.needs: {d!r} is a job; list jobs under depends_on")
         if s.kind == "service" and s.ready is None:
             raise ConfigError(f"{where}: a service needs `ready:` (log_regex or url)")
+    for k, v in pipe.vars.items():
+        if isinstance(v, (dict, list)) or v is None:
+            where = prof_file if k in (prof_pipe.get("vars") or {}) else pipe_file
+            raise ConfigError(f"{where}: vars.{k} is a {type(v).__name__}; a var is a string or a number "
+                              f"(it is substituted into command lines)")
     cfg = Config(lab, pipe, profile, conf_dir)
     cfg.stage_order()  # refuses cycles now, not at launch
     for s in pipe.stages.values():  # and unknown ${vars}

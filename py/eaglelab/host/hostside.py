@@ -56,7 +56,8 @@ def launch(work_dir: str, spec: dict, wait_s: float = 10.0) -> dict:
     """
     run_id = spec.get("run_id") or new_run_id(spec["stage"])
     run_dir = _run_dir(work_dir, run_id)
-    run_dir.mkdir(parents=True, exist_ok=False)
+    run_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # runs/: private (meta holds the env)
+    run_dir.mkdir(exist_ok=False, mode=0o700)
     meta = {"schema": 1, "run_id": run_id, "stage": spec["stage"], "host": spec.get("host", "local"),
             "profile": spec.get("profile"), "fingerprint": spec.get("fingerprint"),
             "command": list(spec["command"]), "cwd": spec.get("cwd") or os.getcwd(),
@@ -134,6 +135,7 @@ def run_processes(pgid: int | None, run_dir: Path) -> list[int]:
 def read_run(run_dir: Path, now: float | None = None) -> dict:
     """One run's record from its directory (see docs/interfaces.md for the state rules)."""
     now = now or time.time()
+    _ours(run_dir)
     meta = _checked(run_dir / "meta.json", Meta)
     if meta is None:
         raise BadRecord(f"{run_dir}/meta.json: missing or unreadable (a launch that failed, or a full disk "
@@ -185,6 +187,20 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     except OSError:
         rec["log_size"] = 0
     return rec
+
+
+def _ours(run_dir: Path) -> None:
+    """A run directory, and its meta.json and exit.json, must be the current user's: in a shared
+    work dir another user could plant one whose pgid makes `lab stop` signal anything."""
+    uid = os.getuid()
+    for p in (run_dir, run_dir / "meta.json", run_dir / "exit.json"):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        if st.st_uid != uid:
+            raise BadRecord(f"{p}: owned by uid {st.st_uid}, not by you (uid {uid}); not a run of yours, "
+                            f"so it is neither read nor stopped")
 
 
 def _last_sign_of_life(run_dir: Path, meta: dict) -> str | None:
