@@ -87,6 +87,14 @@ def test_completed_once_with_three_processes_polling(hooked):
     # Later polls of the same ended run are no news.
     lab.lab("status")
     assert notifications(lab) == [("completed", "quick")]
+    # The webhook's URL (a secret for Slack) is on no screen and in no log; those files are private.
+    secret = f"{receiver.url}/g"
+    shown = lab.lab("notify", "log").stdout + lab.lab("notify", "log", "--json").stdout
+    assert secret not in shown and "http://127.0.0.1:" in shown and "/…#" in shown
+    log = lab.logs / "notify.log"
+    lab.wait_for(lambda: log.exists() and "sent" in log.read_text())
+    assert secret not in log.read_text()
+    assert log.stat().st_mode & 0o077 == 0 and (lab.logs / "registry.sqlite").stat().st_mode & 0o077 == 0
 
 
 def test_stalled_once_and_a_stop_on_purpose_is_no_failure(hooked):
@@ -185,3 +193,19 @@ def test_prune_keeps_the_newest_firings(tmp_path: Path):
     assert cronlib.prune(tmp_path, keep=2) == ids[:3]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["cron.out"] + [f"{i}{e}" for i in ids[3:] for e in (".log", ".json")])
+
+
+def test_a_webhook_url_from_the_environment(tmplab, monkeypatch):
+    from eaglelab import config
+    tmplab.write_lab("notify:\n  webhooks:\n    - {url_env: EAGLELAB_TEST_HOOK, format: slack}\n")
+    tmplab.write_pipeline("stages:\n  a: {host: local, command: [\"true\"]}\n")
+    hook = config.load(tmplab.conf).lab.notify.webhooks[0]
+    monkeypatch.delenv("EAGLELAB_TEST_HOOK", raising=False)
+    with pytest.raises(config.ConfigError, match="EAGLELAB_TEST_HOOK"):
+        hook.resolved_url()
+    monkeypatch.setenv("EAGLELAB_TEST_HOOK", "https://hooks.example.invalid/services/T0/B0/secret")
+    assert hook.resolved_url().endswith("/secret")
+    assert notify.redact_url(hook.resolved_url()).startswith("https://hooks.example.invalid/…#")
+    tmplab.write_lab("notify:\n  webhooks:\n    - {format: slack}\n")
+    with pytest.raises(config.ConfigError, match="url_env"):
+        config.load(tmplab.conf)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import model_validator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from .errors import ConfigError
 
@@ -116,10 +116,28 @@ def slurm_options(host: "HostConfig", stage: "StageConfig | None" = None) -> dic
 
 
 class WebhookConfig(_Strict):
-    url: str
+    url: str | None = None
+    url_env: str | None = None  # the URL from this environment variable (keeps the secret out of conf/)
     format: Literal["generic", "slack", "ntfy"] = "generic"
     events: list[Literal["completed", "failed", "stalled", "pipeline_finished"]] = [
         "completed", "failed", "stalled", "pipeline_finished"]
+
+    @model_validator(mode="after")
+    def _one_url(self):
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("give the webhook's `url:` or `url_env:` (the name of an environment variable "
+                             "that holds it), one of the two")
+        return self
+
+    def resolved_url(self) -> str:
+        if self.url is not None:
+            return self.url
+        url = os.environ.get(self.url_env or "")
+        if not url:
+            raise ConfigError(f"notify.webhooks: url_env {self.url_env!r} is not set in this environment "
+                              f"(cron jobs see little of your shell's environment: set it in the crontab "
+                              f"line or use url:)")
+        return url
 
 
 class NotifyConfig(_Strict):

@@ -180,7 +180,7 @@ def enqueue(db_path: str | os.PathLike, key: str, payload: dict, webhooks: list)
                     body, headers = render(hook.format, payload)
                     db.execute("INSERT OR IGNORE INTO notify_deliveries (key, url, format, body, headers, next_at, "
                                "created_at) VALUES (?,?,?,?,?,?,?)",
-                               (key, hook.url, hook.format, body, json.dumps(headers), now, now))
+                               (key, hook.resolved_url(), hook.format, body, json.dumps(headers), now, now))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -200,7 +200,7 @@ def deliveries(db_path: str | os.PathLike, limit: int = 50) -> list[dict]:
                           "USING (key) ORDER BY d.created_at DESC, d.rowid DESC LIMIT ?", (limit,)).fetchall()
     finally:
         db.close()
-    return [dict(r) for r in rows]
+    return [{**dict(r), "url": redact_url(r["url"])} for r in rows]  # the outbox keeps it; screens never
 
 
 # -- hooking into a Lab -------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def kick_drainer(db_path: Path, locks_dir: Path, log_path: Path) -> None:
     pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, env.get("PYTHONPATH")]))
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
+    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
         subprocess.Popen([sys.executable, "-m", "eaglelab.control.notify", "drain", str(db_path), str(locks_dir)],
                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                          start_new_session=True, close_fds=True)
@@ -296,6 +296,19 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float = TIMEOU
                                  method="POST")
     with urllib.request.urlopen(req, timeout=timeout) as r:
         r.read(4096)
+
+
+def redact_url(url: str) -> str:
+    """A webhook URL for logs and screens: scheme and host, and a short hash to tell two apart.
+    The path and query of a Slack/ntfy webhook are its secret."""
+    import hashlib
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        where = f"{parts.scheme}://{parts.hostname or '?'}{f':{parts.port}' if parts.port else ''}"
+    except ValueError:
+        where = "?"
+    return f"{where}/…#{hashlib.sha256(url.encode()).hexdigest()[:8]}"
 
 
 def _log(msg: str) -> None:
@@ -317,16 +330,16 @@ def _attempt(db_path: Path, row: dict) -> None:
         if error is None:
             db.execute("UPDATE notify_deliveries SET state='sent', attempts=?, sent_at=?, last_error=NULL "
                        "WHERE key=? AND url=?", (attempts, now, row["key"], row["url"]))
-            _log(f"sent {row['key']} to {row['url']} ({row['format']})")
+            _log(f"sent {row['key']} to {redact_url(row['url'])} ({row['format']})")
         elif attempts >= MAX_ATTEMPTS:
             db.execute("UPDATE notify_deliveries SET state='failed', attempts=?, last_error=? WHERE key=? AND url=?",
                        (attempts, error, row["key"], row["url"]))
-            _log(f"gave up on {row['key']} to {row['url']} after {attempts} attempts: {error}")
+            _log(f"gave up on {row['key']} to {redact_url(row['url'])} after {attempts} attempts: {error}")
         else:
             delay = BACKOFF_S * 2 ** (attempts - 1)
             db.execute("UPDATE notify_deliveries SET attempts=?, last_error=?, next_at=? WHERE key=? AND url=?",
                        (attempts, error, now + delay, row["key"], row["url"]))
-            _log(f"attempt {attempts} of {row['key']} to {row['url']} failed ({error}); next in {delay:.0f} s")
+            _log(f"attempt {attempts} of {row['key']} to {redact_url(row['url'])} failed ({error}); next in {delay:.0f} s")
     finally:
         db.close()
 

@@ -80,6 +80,8 @@ class Registry:
         # write; notify.py uses this to see runs change state.
         self.observers: list[Callable[[list[tuple[dict | None, dict]]], None]] = []
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():  # private: it holds commands, paths and the webhooks' outbox
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
         try:
             with self._connect() as db:
                 ensure_schema(db, SCHEMA, {"runs": ADDED_COLUMNS})

@@ -35,11 +35,12 @@ def test(ctx: click.Context) -> None:
     for hook in cfg.webhooks:
         body, headers = notifylib.render(hook.format, payload)
         try:
-            notifylib.post(hook.url, body, headers)
-            click.echo(f"ok      {hook.url} ({hook.format})")
+            notifylib.post(hook.resolved_url(), body, headers)
+            click.echo(f"ok      {notifylib.redact_url(hook.resolved_url())} ({hook.format})")
         except Exception as e:
             failed += 1
-            click.echo(f"FAILED  {hook.url} ({hook.format}): {type(e).__name__}: {getattr(e, 'reason', None) or e}")
+            click.echo(f"FAILED  {notifylib.redact_url(hook.resolved_url())} ({hook.format}): {type(e).__name__}: "
+                       f"{getattr(e, 'reason', None) or e}")
     if failed:
         raise click.exceptions.Exit(1)
 
