@@ -308,7 +308,8 @@ def timeline(status: dict, now: float) -> dict:
     t1 = max(stops + [now] + ([fin.get("high") or fin["at"]] if fin else []))
     pad = max((t1 - t0) * 0.03, 30.0)
     unknown = [r["stage"] for r in rows if not r["segments"] and r.get("state") == "pending"][:10]
-    return {"rows": rows, "start": t0 - pad, "end": t1 + pad, "now": now, "hidden": hidden,
+    queued = any(seg["kind"] == "queued" for r in rows for seg in r["segments"])
+    return {"rows": rows, "start": t0 - pad, "end": t1 + pad, "now": now, "hidden": hidden, "queued": queued,
             "finish": fin, "finish_view": eta_view(fin, now, "eta"), "unestimated": unknown}
 
 

@@ -45,3 +45,13 @@ def test_run_ids_whole_at_80_columns():
         wide = rendered(st, width=width)
         assert all(len(line) <= width for line in wide.splitlines())
         assert "extract-20270115T063000-bbbb" in wide and "[cuda_oom]" in wide
+
+
+def test_a_finished_pipeline_shows_no_finish_estimate():
+    """Once nothing runs, "pipeline finishes about 06:40 (06:40–06:40)" is no news: `lab summary`
+    says how it went. While a stage runs, the estimate is shown."""
+    st = web_samples.lab_status()
+    assert "pipeline finishes about" in rendered(st, width=120)
+    for r in st["runs"]:
+        r["state"] = "completed"
+    assert "pipeline finishes about" not in rendered(st, width=120)

@@ -135,7 +135,8 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
     for line in slurm_queue_lines(st, runs):
         console.print(line, markup=False, highlight=False)
     pipe = st.get("pipeline") or {}
-    if pipe.get("finish_at"):
+    active = any(r.get("state") in ("running", "pending") and r.get("kind", "job") == "job" for r in runs.values())
+    if pipe.get("finish_at") and active:  # once nothing runs, the summary says how it went, not an "ETA"
         console.print(esc(f"pipeline finishes about {fmt_clock(pipe['finish_at'])}"
                           + (f" ({fmt_clock(pipe.get('finish_low_at'))}–{fmt_clock(pipe.get('finish_high_at'))})"
                              if pipe.get("finish_low_at") else "")))
