@@ -319,3 +319,30 @@ def test_a_launch_that_cannot_start_leaves_no_fake_run(tmp_path):
     with pytest.raises(hostside.LaunchError, match="cannot start jobwrap"):
         hostside.launch(str(work), {"stage": "s", "command": [sys.executable, "-c", "x" * 300_000]})
     assert list((work / "runs").iterdir()) == []  # no run directory to read as "killed, lost"
+
+
+def test_a_stage_secret_is_on_no_command_line_and_in_no_world_readable_file(tmplab):
+    """`env:` values (tokens, keys) reach the stage, but not `ps` (jobwrap's or hostside's command
+    line) nor meta.json: they travel in a 0600 file, names only on record."""
+    secret = "hf_sEcReT_0123456789"
+    tmplab.write_pipeline(PIPELINE + f'''  secretive:
+    host: local
+    env: {{HF_TOKEN: "{secret}"}}
+    command: ["${{python}}", "-c", "import os, time; print(os.environ['HF_TOKEN'][:3], flush=True); time.sleep(30)"]
+    stop_grace_s: 1
+''')
+    tmplab.lab("run", "secretive", "--detach")
+    run = tmplab.runs("secretive")[0]
+    rd = tmplab.work / "runs" / run["id"]
+    tmplab.wait_for(lambda: b"hf_" in (rd / "output.log").read_bytes())
+    cmdlines = []
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            cmdlines.append(p.read_bytes())
+        except OSError:
+            pass  # that process just ended
+    assert not [c for c in cmdlines if secret.encode() in c]
+    meta = json.loads((rd / "meta.json").read_text())
+    assert meta["env_keys"] == ["HF_TOKEN"] and secret not in (rd / "meta.json").read_text()
+    assert (rd / "env.json").stat().st_mode & 0o077 == 0
+    tmplab.lab("stop", "secretive")

@@ -58,6 +58,7 @@ class Meta(TypedDict, total=False):
     command: list[str]
     cwd: str | None
     kind: str
+    env_keys: list[str]  # the stage's env names; their values travel in env.json (0600), not here
     launched_at: str | None
     started_at: str | None
     jobwrap_pid: int | None

@@ -65,8 +65,9 @@ def launch(work_dir: str, spec: dict, wait_s: float = 10.0) -> dict:
     atomic_write_json(run_dir / "meta.json", meta)
     python = spec.get("python") or sys.executable
     argv = ["nohup", python, "-m", "eaglelab.host.jobwrap", "--run-dir", str(run_dir), "--cwd", meta["cwd"]]
-    for k, v in (spec.get("env") or {}).items():
-        argv += ["--env", f"{k}={v}"]
+    if spec.get("env"):  # values (tokens, keys) never on a command line: `ps` shows those to everyone
+        write_env_file(run_dir / "env.json", spec["env"])
+        argv += ["--env-file", str(run_dir / "env.json")]
     argv += ["--", *meta["command"]]
     env = dict(os.environ)
     # jobwrap must import this very package, wherever the host's venv is.
@@ -187,6 +188,15 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     except OSError:
         rec["log_size"] = 0
     return rec
+
+
+def write_env_file(path: Path, env: dict) -> None:
+    """The stage's environment for jobwrap, readable by this user only (created 0600, then renamed)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({str(k): str(v) for k, v in env.items()}, f)
+    os.replace(tmp, path)
 
 
 def _ours(run_dir: Path) -> None:
@@ -320,13 +330,15 @@ for _verb in ("slurm_submit", "slurm_report", "slurm_stop", "slurm_facts"):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m eaglelab.host.hostside VERB 'JSON-ARGS'  ->  one JSON object on stdout."""
+    """python -m eaglelab.host.hostside VERB -  (the JSON arguments on stdin: a launch's env holds
+    secrets, and a command line is visible to every user of the host)  ->  one JSON object on stdout.
+    `VERB 'JSON'` is still read, from older controllers."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] not in VERBS:
-        print(json.dumps({"error": f"usage: hostside {{{'|'.join(VERBS)}}} JSON"}))
+        print(json.dumps({"error": f"usage: hostside {{{'|'.join(VERBS)}}} -|JSON"}))
         return 2
     try:
-        result = VERBS[argv[0]](json.loads(argv[1]))
+        result = VERBS[argv[0]](json.loads(sys.stdin.read() if argv[1] == "-" else argv[1]))
     except Exception as e:  # report, never a traceback on the wire
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
         return 1

@@ -9,6 +9,7 @@ stage dies of SIGKILL. Files of the run directory: see docs/interfaces.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -69,7 +70,8 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
         return 127
 
     meta.update(started_at=utcnow_iso(started), jobwrap_pid=os.getpid(), pid=child.pid, pgid=child.pid,
-                command=command, cwd=cwd, env={k: env[k] for k in (*STAGE_ENV, *env_extra)})
+                command=command, cwd=cwd, env={k: env[k] for k in STAGE_ENV},
+                env_keys=sorted(env_extra))  # the stage's own values (secrets, maybe) are not recorded
     meta.setdefault("schema", 1)
     meta.setdefault("run_id", run_dir.name)
     atomic_write_json(run_dir / "meta.json", meta)
@@ -162,13 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="jobwrap", description=__doc__.splitlines()[0])
     p.add_argument("--run-dir", required=True, type=Path)
     p.add_argument("--cwd", default=".")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="non-secret settings only: a command line is visible to every user (ps)")
+    p.add_argument("--env-file", type=Path, help="the stage's environment as a JSON object (a 0600 file)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
         p.error("no command after --")
     env = dict(kv.split("=", 1) for kv in a.env)
+    if a.env_file:
+        try:
+            env.update({str(k): str(v) for k, v in json.loads(a.env_file.read_text()).items()})
+        except (OSError, ValueError, AttributeError) as e:
+            p.error(f"--env-file {a.env_file}: {e}")
     return run(a.run_dir.resolve(), command, a.cwd, env)
 
 

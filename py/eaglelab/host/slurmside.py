@@ -119,6 +119,8 @@ def submit(work_dir: str, spec: dict, opts: dict) -> dict:
     atomic_write_json(run_dir / "meta.json", meta)
     python = spec.get("python") or sys.executable
     pkg_path = str(Path(__file__).resolve().parents[2])  # py/, above the eaglelab package
+    # slurm_job.json holds the stage's env (secrets, maybe): this user's only
+    os.close(os.open(run_dir / "slurm_job.json", os.O_WRONLY | os.O_CREAT, 0o600))
     atomic_write_json(run_dir / "slurm_job.json", {
         "schema": 1, "command": list(spec["command"]), "cwd": cwd, "env": spec.get("env") or {},
         "python": python, "nodes": int(opts.get("nodes") or 1), "gpus_per_node": gpus_per_node(opts)})
@@ -201,8 +203,8 @@ def inalloc(run_dir: str) -> int:
     stage_env = {**(job.get("env") or {}), "EAGLELAB_SLURM_JOB_ID": job_id, "MASTER_ADDR": master,
                  "MASTER_PORT": str(port), "EAGLELAB_NNODES": str(nnodes)}
     argv = [job["python"], "-m", "eaglelab.host.jobwrap", "--run-dir", str(rd), "--cwd", job["cwd"]]
-    for k, v in stage_env.items():
-        argv += ["--env", f"{k}={v}"]
+    hostside.write_env_file(rd / "env.json", stage_env)
+    argv += ["--env-file", str(rd / "env.json")]
     argv += ["--", *command]
     sys.stdout.flush()
     os.execv(job["python"], argv)

@@ -139,14 +139,15 @@ class SshExecutor(Executor):
             argv += ["-o", opt]
         return argv
 
-    def remote_command(self, verb: str, args: dict) -> str:
-        """The one string ssh hands to the remote shell, built from an argv list and quoted."""
+    def remote_command(self, verb: str) -> str:
+        """The one string ssh hands to the remote shell, built from an argv list and quoted. The
+        arguments go on stdin (`-`): a launch's env may hold secrets, and command lines are public."""
         pythonpath = self._join(self._rel_repo(), "py")
         return shlex.join(["env", f"PYTHONPATH={pythonpath}", self.remote_python, "-m", "eaglelab.host.hostside",
-                           verb, json.dumps(args)])
+                           verb, "-"])
 
     def run_ssh(self, remote: str, timeout: float | None = None,
-                multiplex: bool | None = None) -> subprocess.CompletedProcess:
+                multiplex: bool | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess:
         """Run one remote command string; HostUnreachable on rc 255 or timeout."""
         argv = self.ssh_argv(multiplex) + ["--", self.ssh.host, remote]
         timeout = timeout or self.ssh.command_timeout_s
@@ -154,8 +155,8 @@ class SshExecutor(Executor):
         # first caller's stderr open for as long as the master lives, and a pipe would never end.
         with tempfile.TemporaryFile() as err:
             try:
-                cp = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                                    timeout=timeout)
+                cp = subprocess.run(argv, input=stdin if stdin is not None else b"", stdout=subprocess.PIPE,
+                                    stderr=err, timeout=timeout)
             except subprocess.TimeoutExpired:
                 raise HostUnreachable(f"host {self.host.name!r} ({self.ssh.host}): no answer over ssh within "
                                       f"{timeout:.0f} s; its runs keep their last known state") from None
@@ -168,7 +169,7 @@ class SshExecutor(Executor):
         return cp
 
     def call(self, verb: str, args: dict, timeout: float | None = None) -> dict:
-        cp = self.run_ssh(self.remote_command(verb, args), timeout)
+        cp = self.run_ssh(self.remote_command(verb), timeout, stdin=json.dumps(args).encode())
         out = cp.stdout.decode(errors="replace").strip()
         try:
             result = json.loads(out.splitlines()[-1]) if out else None
