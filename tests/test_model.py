@@ -172,3 +172,15 @@ def test_runs_folder_is_private(tmp_path):
     assert (work / "runs").stat().st_mode & 0o077 == 0
     (d,) = (work / "runs").iterdir()
     assert d.stat().st_mode & 0o077 == 0
+
+
+def test_durations_are_never_negative_and_prefer_the_monotonic_measure(tmp_path):
+    runs = tmp_path / "work" / "runs"
+    d = _good_run(runs)
+    exit_json = json.loads((d / "exit.json").read_text())
+    (d / "exit.json").write_text(json.dumps({**exit_json, "duration_s": 4.25}))
+    assert hostside.read_run(d)["duration_s"] == 4.25  # jobwrap's monotonic figure, not end - start
+    meta = json.loads((d / "meta.json").read_text())
+    (d / "meta.json").write_text(json.dumps({**meta, "started_at": "2099-01-01T00:00:00.000Z"}))
+    (d / "exit.json").unlink()  # a run whose start lies ahead of the wall clock (a step back)
+    assert hostside.read_run(d)["duration_s"] == 0.0

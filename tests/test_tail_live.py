@@ -187,3 +187,23 @@ def test_lab_tail_does_not_reread_a_finished_run_it_only_adds_the_exit(tmp_path)
     assert result.exit_code == 0, result.output
     after = read_json(run / "state.json")
     assert after["lines"] == 1 and after["exit"]["exit_code"] == 0 and after["state"] == "completed"
+
+
+def test_a_wall_clock_step_back_does_not_freeze_the_state(tmp_path):
+    """The tailer throttles by the monotonic clock: after the wall clock jumps an hour back (NTP, a
+    VM restored), state.json is still written on time; its timestamps stay wall-clock."""
+    from eaglelab.host.tail.run import IDLE_WRITE_S, RunFollower
+    (tmp_path / "output.log").write_bytes(b"hello\n")
+    wall, mono = [1_800_000_000.0], [100.0]
+    f = RunFollower(tmp_path, clock=lambda: wall[0], tick=lambda: mono[0])
+    f.read()
+    f.write()
+    wall[0] -= 3600  # the step back
+    mono[0] += IDLE_WRITE_S + 0.1
+    assert f.due()[0]  # by wall-clock arithmetic it would wait an hour
+    with open(tmp_path / "output.log", "ab") as log:
+        log.write(b"more\n")
+    f.read()
+    mono[0] += 1.0
+    assert f.due()[0]
+    assert f.write()["updated_at"].startswith("2027-01-15T07:")  # wall time, stepped back as it is

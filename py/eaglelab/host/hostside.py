@@ -177,7 +177,11 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     elif "state" not in rec:
         rec["state"] = "running"
     start, end = parse_iso(rec["started_at"]), parse_iso(rec["ended_at"])
-    rec["duration_s"] = round((end or now) - start, 3) if start else None
+    measured = exit_info.get("duration_s") if exit_info else None
+    if isinstance(measured, (int, float)) and measured >= 0:
+        rec["duration_s"] = round(float(measured), 3)  # jobwrap's monotonic measure
+    else:  # wall clock; never negative after a step back
+        rec["duration_s"] = round(max((end or now) - start, 0.0), 3) if start else None
     # the tailer's state.json combined with the exit (a SIGKILL is host_oom_killed, exit 0 completed)
     rec["log_state"] = run_state(run_dir)
     if rec.get("lost") and isinstance(rec["log_state"], dict) and rec["log_state"].get("state") in ("running", "stalled"):

@@ -57,6 +57,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
 
     log = open(run_dir / "output.log", "ab", buffering=0)
     started = time.time()
+    started_mono = time.monotonic()  # durations by the monotonic clock: a wall-clock step changes none
     try:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  cwd=cwd, env=env, start_new_session=True)
@@ -103,6 +104,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
         except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
             continue
     ended = time.time()
+    duration_s = time.monotonic() - started_mono
     exit_code, sig = (None, -rc) if rc < 0 else (rc, None)
     # A server's worker processes exit a moment after its main process: only a group still there
     # after ORPHAN_GRACE_S is reported (it may hold GPU memory).
@@ -114,7 +116,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     stop_requested = (run_dir / "stop_requested").exists()
     atomic_write_json(run_dir / "exit.json", {
         "schema": 1, "exit_code": exit_code, "signal": sig, "signal_name": signal_text(sig),
-        "ended_at": utcnow_iso(ended), "duration_s": round(ended - started, 3),
+        "ended_at": utcnow_iso(ended), "duration_s": round(duration_s, 3),
         "state": end_state(exit_code, sig, stop_requested), "stop_requested": stop_requested,
         "orphans": orphans})
     (run_dir / "heartbeat").write_text(utcnow_iso() + "\n")

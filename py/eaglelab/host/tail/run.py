@@ -57,9 +57,10 @@ def earlier_phase_durations(run_dir: Path, limit: int = 10) -> dict[str, float]:
 class RunFollower:
     """The parser and the file reader of one run; read() takes in what was appended, write() the state."""
 
-    def __init__(self, run_dir: Path, clock=time.time) -> None:
+    def __init__(self, run_dir: Path, clock=time.time, tick=time.monotonic) -> None:
         self.run_dir = Path(run_dir)
-        self.clock = clock
+        self.clock = clock  # wall clock: timestamps in the state
+        self.tick = tick    # monotonic: throttles (a wall-clock step back must not freeze the state)
         self.state = LogState(expected_phase_s=earlier_phase_durations(self.run_dir), bar_eta=bar_eta)
         self.reader = FileFollower(self.run_dir / "output.log")
         self._now: float | None = None
@@ -111,10 +112,19 @@ class RunFollower:
         snap = self.snapshot(final)
         write_state(self.run_dir / "state.json", snap)
         self.write_cost_s = time.perf_counter() - t0
-        self.last_write = self.clock()
+        self.last_write = self.tick()
         self.writes += 1
         self.dirty = False
         return snap
+
+    def due(self) -> tuple[bool, float]:
+        """(write now?, else how long to wait before asking again), by the monotonic clock."""
+        since = self.tick() - self.last_write
+        if self.dirty and since >= self.min_interval_s or since >= IDLE_WRITE_S:
+            return True, POLL_S
+        if self.dirty:
+            return False, self.min_interval_s - since
+        return False, min(POLL_S, IDLE_WRITE_S - since)
 
     @property
     def min_interval_s(self) -> float:
@@ -184,15 +194,9 @@ def follow_run(run_dir: Path, stop: threading.Event) -> None:
     try:
         while not stop.is_set():
             follower.read()
-            now = follower.clock()
-            since = now - follower.last_write
-            if follower.dirty and since >= follower.min_interval_s or since >= IDLE_WRITE_S:
+            write_now, timeout = follower.due()
+            if write_now:
                 follower.write()
-                timeout = POLL_S
-            elif follower.dirty:
-                timeout = follower.min_interval_s - since
-            else:
-                timeout = min(POLL_S, IDLE_WRITE_S - since)
             changed.wait(max(0.0, timeout))
             changed.clear()
         follower.finish()
