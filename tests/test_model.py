@@ -107,16 +107,17 @@ BAD = {
     "no-meta": {},
     "meta-a-list": {"meta.json": "[1, 2]"},
     "meta-without-stage": {"meta.json": json.dumps({"schema": 1, "run_id": "x"})},
-    "exit-wrong-type": {"exit.json": json.dumps({"exit_code": "zero"})},
-    "exit-a-string": {"exit.json": '"done"'},
 }
+# exit.json there but unusable: the run is known, its end is not (failed, end_unknown, never rerun unasked)
+BAD_EXIT = {"exit-wrong-type": json.dumps({"exit_code": "zero"}), "exit-a-string": '"done"',
+            "exit-garbled": '{"exit_code": 0, "sta'}
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_bad_run_directory_is_named_and_skipped(tmp_path, case):
     runs = tmp_path / "work" / "runs"
     _good_run(runs)
-    bad = _good_run(runs, f"tick-20261202T000001-{case}") if case.startswith("exit") else runs / f"tick-{case}"
+    bad = runs / f"tick-{case}"
     bad.mkdir(parents=True, exist_ok=True)
     for name, text in BAD[case].items():
         (bad / name).write_text(text)
@@ -184,3 +185,27 @@ def test_durations_are_never_negative_and_prefer_the_monotonic_measure(tmp_path)
     (d / "meta.json").write_text(json.dumps({**meta, "started_at": "2099-01-01T00:00:00.000Z"}))
     (d / "exit.json").unlink()  # a run whose start lies ahead of the wall clock (a step back)
     assert hostside.read_run(d)["duration_s"] == 0.0
+
+
+@pytest.mark.parametrize("case", sorted(BAD_EXIT))
+def test_an_unreadable_exit_is_an_unknown_end_not_a_lost_run(tmp_path, case):
+    runs = tmp_path / "work" / "runs"
+    d = _good_run(runs)
+    (d / "exit.json").write_text(BAD_EXIT[case])
+    rep = hostside.report(str(tmp_path / "work"))
+    (run,) = rep["runs"]
+    assert run["state"] == "failed" and not run["lost"] and str(d / "exit.json") in run["end_unknown"]
+    checked_report("local", rep)  # a shape the controller accepts
+
+
+def test_a_stage_whose_end_is_unknown_is_not_rerun_unasked(tmplab):
+    tmplab.write_pipeline('stages:\n  quick:\n    host: local\n    command: ["true"]\n')
+    tmplab.lab("run", "quick")
+    (run_dir,) = tmplab.run_dirs()
+    (run_dir / "exit.json").write_bytes(b"\x00\x00garbage")
+    p = tmplab.lab("run", "quick", check=False)
+    assert p.returncode != 0 and "end of" in p.stderr and "unknown" in p.stderr and "--force" in p.stderr
+    assert len(tmplab.run_dirs()) == 1
+    assert "hold" in tmplab.lab("plan").stdout
+    tmplab.lab("run", "quick", "--force")  # the user's word
+    assert len(tmplab.run_dirs()) == 2

@@ -103,6 +103,7 @@ class RunRecord(TypedDict, total=False):
     lost: bool       # the wrapper vanished and nothing of the stage lives: its end is unknown
     orphaned: bool   # the wrapper vanished but the stage lives on (running, unsupervised)
     orphans: bool    # processes of the stage's group outlived its end
+    end_unknown: str | None  # exit.json there but unreadable: ended, how unknown (never rerun unasked)
     log_state: dict[str, Any] | None
     log_size: int | None
     slurm: dict[str, Any] | None

@@ -119,6 +119,9 @@ class Lab:
             return "run", "forced", latest
         if latest is None:
             return "run", "never ran", None
+        if latest.get("end_unknown"):  # unreadable is not absent: a person decides, not a rerun
+            return "hold", (f"the end of {latest['id']} is unknown ({latest['end_unknown']}); look at it "
+                            f"(`lab logs {latest['id']}`), then `lab run {name} --force` to run it again"), latest
         if latest["state"] != "completed":
             return "run", f"last run {latest['id']} {latest['state']}" + _end_detail(latest), latest
         if stage.kind == "service":
@@ -166,6 +169,8 @@ class Lab:
             if action == "skip":
                 print(f"lab: {reason}", file=out)
                 return latest
+            if action == "hold":
+                raise StageError(f"{name}: not run: {reason}")
             if action == "attach":
                 print(f"lab: {reason}; attaching", file=out)
                 rec = latest

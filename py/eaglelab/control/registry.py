@@ -27,7 +27,7 @@ COLUMNS = (*RUN_FIELDS, "updated_at")  # the run record's fields (eaglelab.model
 
 # columns added after the first release: (name, declaration) for ALTER TABLE on older registries
 ADDED_COLUMNS = {"orphans": "INTEGER DEFAULT 0", "log_size": "INTEGER", "slurm": "TEXT",
-                 "orphaned": "INTEGER DEFAULT 0"}
+                 "orphaned": "INTEGER DEFAULT 0", "end_unknown": "TEXT"}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS runs (
   kind TEXT, state TEXT NOT NULL, exit_code INTEGER, signal INTEGER, started_at TEXT, ended_at TEXT,
   duration_s REAL, run_dir TEXT, pid INTEGER, pgid INTEGER, lost INTEGER DEFAULT 0,
   log_state TEXT, updated_at TEXT, orphans INTEGER DEFAULT 0, log_size INTEGER, slurm TEXT,
-  orphaned INTEGER DEFAULT 0
+  orphaned INTEGER DEFAULT 0, end_unknown TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_stage ON runs(stage, started_at);
 CREATE TABLE IF NOT EXISTS hosts (

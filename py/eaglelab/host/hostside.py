@@ -141,7 +141,11 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     if meta is None:
         raise BadRecord(f"{run_dir}/meta.json: missing or unreadable (a launch that failed, or a full disk "
                         f"at launch); move the directory aside once nothing runs there")
-    exit_info = _checked(run_dir / "exit.json", Exit)
+    try:
+        exit_info = _checked(run_dir / "exit.json", Exit)
+        end_unknown = None
+    except BadRecord as e:  # jobwrap writes it atomically: unreadable means damage, not half-written
+        exit_info, end_unknown = None, str(e)
     rec = {
         "id": meta.get("run_id", run_dir.name), "stage": meta.get("stage"), "host": meta.get("host"),
         "profile": meta.get("profile"), "fingerprint": meta.get("fingerprint"), "kind": meta.get("kind", "job"),
@@ -154,7 +158,10 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
         rec["heartbeat_at"] = utcnow_iso((run_dir / "heartbeat").stat().st_mtime)
     except OSError:
         pass
-    if exit_info is None and not _alive(meta.get("jobwrap_pid"), run_dir):
+    if end_unknown is not None and not _alive(meta.get("jobwrap_pid"), run_dir):
+        # the run ended, how is unknown: failed with that said, and never rerun without a person's word
+        rec.update(state="failed", end_unknown=end_unknown, ended_at=_last_sign_of_life(run_dir, meta))
+    elif exit_info is None and not _alive(meta.get("jobwrap_pid"), run_dir):
         exit_info = _checked(run_dir / "exit.json", Exit)  # it may have ended between the reads
         if exit_info is None:
             launched = parse_iso(meta.get("launched_at")) or 0
@@ -231,7 +238,13 @@ def _checked(path: Path, shape: type) -> dict | None:
     """A run directory's JSON file, checked against its model (eaglelab.model); None if absent.
     Valid JSON of the wrong shape is a BadRecord naming the file, never a crash far away."""
     data = read_json(path)
+    if data is None and path.exists():
+        raise Unreadable(f"{path} exists but cannot be read as JSON")
     return None if data is None else check(shape, data, str(path))
+
+
+class Unreadable(BadRecord):
+    """A file that is there but cannot be read: not the same as absent."""
 
 
 def report(work_dir: str, stage: str | None = None) -> dict:
