@@ -207,3 +207,25 @@ def test_a_wall_clock_step_back_does_not_freeze_the_state(tmp_path):
     mono[0] += 1.0
     assert f.due()[0]
     assert f.write()["updated_at"].startswith("2027-01-15T07:")  # wall time, stepped back as it is
+
+
+def test_copytruncate_while_the_tailer_lags_loses_nothing(tmp_path):
+    """logrotate's copytruncate empties the log; the stage writes on, past our old offset, before
+    the tailer looks again. The size alone says nothing then; the content does: read from 0."""
+    from eaglelab.host.tail.follower import FileFollower
+    log = tmp_path / "output.log"
+    log.write_bytes(b"".join(b"old line %04d\n" % i for i in range(100)))
+    f = FileFollower(log)
+    got = b"".join(d for kind, d in f.read_new() if kind == "data")
+    assert got.endswith(b"old line 0099\n")
+    with open(log, "r+b") as fh:  # copytruncate: same inode, emptied in place
+        fh.truncate(0)
+    new = b"".join(b"NEW line %04d, longer than before\n" % i for i in range(100))
+    with open(log, "ab") as fh:
+        fh.write(new)
+    assert len(new) > f.offset  # grown past where we were: a size check cannot see it
+    events = list(f.read_new())
+    assert events[0] == ("reset", b"") and b"".join(d for k, d in events if k == "data") == new
+    with open(log, "ab") as fh:  # and plain appends afterwards are read once, no false resets
+        fh.write(b"tail\n")
+    assert list(f.read_new()) == [("data", b"tail\n")]

@@ -1,8 +1,10 @@
 """Read a file that grows, from a byte offset, in bounded chunks; survive truncation and rotation.
 
 The file may not exist yet (it appears later), may be truncated (copytruncate, or a stage that
-reopens its log with 'w': the size drops below our offset, so read again from 0), or replaced
-(renamed away and created anew: a different inode; finish the old file, then start the new one).
+reopens its log with 'w': read again from 0), or replaced (renamed away and created anew: a
+different inode; finish the old file, then start the new one). A truncation is seen by size (the
+file is shorter than our offset) and by content: the bytes just before our offset are not the ones
+we read there (truncated and grown past our offset again while we were not looking).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 CHUNK = 128 << 10  # measured: larger reads cost more (allocation of big buffers) than they save
+TAIL = 64  # bytes before the offset kept to recognize the file we read (one small pread per check)
 
 
 class FileFollower:
@@ -22,6 +25,7 @@ class FileFollower:
         self.resets = 0          # truncations + rotations seen
         self._fd: int | None = None
         self._ident: tuple[int, int] | None = None
+        self._tail = b""         # the last TAIL bytes read, ending at offset
 
     def close(self) -> None:
         if self._fd is not None:
@@ -39,7 +43,7 @@ class FileFollower:
             # Rotated: drain the old file through our open descriptor, then switch.
             yield from self._drain(budget)
             self.close()
-            self.offset = 0
+            self.offset, self._tail = 0, b""
             self.resets += 1
             yield ("reset", b"")
         if st is None:
@@ -52,8 +56,9 @@ class FileFollower:
             fst = os.fstat(self._fd)
             self._ident = (fst.st_dev, fst.st_ino)
         size = os.fstat(self._fd).st_size
-        if size < self.offset:
-            self.offset = 0
+        if size < self.offset or (self._tail and size >= self.offset and
+                                  os.pread(self._fd, len(self._tail), self.offset - len(self._tail)) != self._tail):
+            self.offset, self._tail = 0, b""
             self.resets += 1
             yield ("reset", b"")
         yield from self._drain(budget)
@@ -67,6 +72,7 @@ class FileFollower:
             if not data:
                 return
             self.offset += len(data)
+            self._tail = (self._tail + data[-TAIL:])[-TAIL:]
             if budget is not None:
                 budget -= len(data)
             yield ("data", data)
