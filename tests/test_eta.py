@@ -439,3 +439,20 @@ def test_a_ready_service_is_done_for_the_pipeline():
     out = annotate(status, hist, NOW)
     assert out["runs"][0]["eta"]["eta_s"] == 0.0
     assert out["pipeline"]["eta_s"] == 600.0 and out["pipeline"]["critical_path"] == ["serve", "synth"]
+
+
+def test_a_silent_stage_with_no_history_has_an_unknown_eta_not_zero():
+    """A stage that prints nothing (no bar, no phase) and never ran before: null, as
+    docs/interfaces.md says, not "finishing now" for as long as it runs."""
+    import time as _time
+    from eaglelab.eta import annotate
+    from eaglelab.fsutil import utcnow_iso
+    now = _time.time()
+    st = {"schema": 1, "hosts": [],
+          "runs": [{"id": "s-1", "stage": "s", "host": "local", "state": "running", "started_at": utcnow_iso(now - 100),
+                    "log_state": {"schema": 1, "state": "running", "progress": None, "phase": None, "phases": []}}],
+          "stages": [{"name": "s", "host": "local", "kind": "job", "depends_on": [], "needs": [],
+                      "latest_run": "s-1", "state": "running"}]}
+    out = annotate(st, {"phases": []}, now)
+    eta = out["runs"][0]["eta"]
+    assert eta["eta_s"] is None and eta["eta_low_s"] is None and eta["finish_at"] is None

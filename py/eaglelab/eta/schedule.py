@@ -102,8 +102,8 @@ def run_eta(run: dict, history: History, profile: str, now: float) -> dict | Non
             # Already longer than any earlier run: a little more at least, and a range that says so.
             current_span = Span(left(hist.eta_s), left(hist.low_s), max(left(hist.high_s), hist.eta_s * 0.1),
                                 hist.source)
-    if current is None and current_span is None:
-        current_span = Span(0.0, 0.0, 0.0, "none")  # no phase, no bar, no template: nothing known to wait for
+    # no phase, no bar, no history: unknown (null), never "finishing now" (a silent stage used to
+    # read 0 s, range [0, 0], for as long as it ran)
     if current:
         entry: dict[str, Any] = {"name": current, "state": "running"}
         if current_span is not None:
