@@ -346,3 +346,60 @@ def test_a_stage_secret_is_on_no_command_line_and_in_no_world_readable_file(tmpl
     assert meta["env_keys"] == ["HF_TOKEN"] and secret not in (rd / "meta.json").read_text()
     assert (rd / "env.json").stat().st_mode & 0o077 == 0
     tmplab.lab("stop", "secretive")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 512 KiB tmpfs for a run directory, mounted for the test and unmounted after it."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+FILL = ("import sys\nf = open(sys.argv[1], 'wb')\n"
+        "try:\n    while True:\n        f.write(b'x' * 65536); f.flush()\n"
+        "except OSError as e:\n    print('stage:', e, flush=True); sys.exit(1)\n")
+
+
+def test_a_disk_that_fills_up_never_loses_the_end_of_a_run(tiny_disk, tmp_path):
+    """The stage fills the disk its run directory is on: the tailer and the heartbeat meet ENOSPC and
+    go on, and the end is still recorded (its space was reserved at start): failed, disk_full."""
+    import sys
+    from eaglelab.host import hostside
+    script = tmp_path / "fill.py"
+    script.write_text(FILL)
+    hostside.launch(str(tiny_disk), {"stage": "fill", "cwd": str(tmp_path),
+                                     "command": [sys.executable, str(script), str(tiny_disk / "big.bin")]})
+    (run_dir,) = (tiny_disk / "runs").iterdir()
+    deadline = time.time() + 60
+    while not (run_dir / "exit.json").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    rec = hostside.read_run(run_dir)
+    assert (rec["state"], rec["exit_code"]) == ("failed", 1), rec
+    assert rec["log_state"]["failure"]["reason"] == "disk_full", rec["log_state"]
+    assert not rec["lost"]
+    (tiny_disk / "big.bin").unlink()  # space again: the directory reads the same, nothing to repair
+    assert hostside.read_run(run_dir)["state"] == "failed"
+
+
+def test_a_disk_full_at_launch_starts_nothing_and_leaves_nothing(tiny_disk, tmp_path):
+    import sys
+    from eaglelab.host import hostside
+    (tiny_disk / "runs").mkdir(mode=0o700)
+    fd = os.open(tiny_disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with pytest.raises(hostside.LaunchError, match="nothing was started|free space"):
+        hostside.launch(str(tiny_disk), {"stage": "s", "command": [sys.executable, "-c", "print(1)"],
+                                         "cwd": str(tmp_path)})
+    assert list((tiny_disk / "runs").iterdir()) == []
+    assert hostside.report(str(tiny_disk))["bad_runs"] == []

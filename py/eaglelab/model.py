@@ -79,6 +79,7 @@ class Exit(TypedDict, total=False):
     stop_requested: bool
     orphans: bool
     error: str | None
+    failure: dict[str, Any] | None  # what jobwrap itself saw (disk_full), when the log could not say it
 
 
 class RunRecord(TypedDict, total=False):

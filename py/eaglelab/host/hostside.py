@@ -62,7 +62,11 @@ def launch(work_dir: str, spec: dict, wait_s: float = 10.0) -> dict:
             "profile": spec.get("profile"), "fingerprint": spec.get("fingerprint"),
             "command": list(spec["command"]), "cwd": spec.get("cwd") or os.getcwd(),
             "kind": spec.get("kind", "job"), "launched_at": utcnow_iso()}
-    atomic_write_json(run_dir / "meta.json", meta)
+    try:
+        atomic_write_json(run_dir / "meta.json", meta)
+    except OSError as e:  # a full disk at launch: no half-made run directory is left to break status
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise LaunchError(f"{spec['stage']}: cannot write {run_dir}/meta.json ({e}); free space there") from None
     python = spec.get("python") or sys.executable
     argv = ["nohup", python, "-m", "eaglelab.host.jobwrap", "--run-dir", str(run_dir), "--cwd", meta["cwd"]]
     if spec.get("env"):  # values (tokens, keys) never on a command line: `ps` shows those to everyone
@@ -89,6 +93,12 @@ def launch(work_dir: str, spec: dict, wait_s: float = 10.0) -> dict:
         m = read_json(run_dir / "meta.json") or {}
         if m.get("started_at"):
             return m
+        rc = proc.poll()
+        if rc is not None and not (read_json(run_dir / "meta.json") or {}).get("started_at"):
+            why = ("no space to reserve the run's end record: the disk is full" if rc == 75
+                   else f"jobwrap exited {rc} before starting the stage")
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise LaunchError(f"{spec['stage']}: {why} ({run_dir}); nothing was started")
         time.sleep(0.02)
     return read_json(run_dir / "meta.json") or meta
 

@@ -9,6 +9,7 @@ stage dies of SIGKILL. Files of the run directory: see docs/interfaces.md.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
@@ -33,20 +34,71 @@ def end_state(exit_code: int | None, sig: int | None, stop_requested: bool = Fal
     return decide_end(exit_code, sig, stop_requested=stop_requested).state.value
 
 
-def _start_log_follower(run_dir: Path, stop: threading.Event) -> threading.Thread | None:
+def _start_log_follower(run_dir: Path, stop: threading.Event, disk: "DiskFull") -> threading.Thread | None:
     """Parse the log where it is written (tailer, if this install has it) into state.json."""
     try:
         from .tail import follow_run  # provided by the tailer; absent in a minimal install
     except ImportError:
         return None
-    t = threading.Thread(target=follow_run, args=(run_dir, stop), name="tailer", daemon=True)
+    t = threading.Thread(target=follow_run, args=(run_dir, stop, disk.guard), name="tailer", daemon=True)
     t.start()
     return t
+
+
+EXIT_RESERVE = 4096  # bytes set aside at start: the end is recorded even when the disk fills up
+
+
+class ExitRecord:
+    """exit.json's space, taken before the stage starts: a full disk cannot lose the end. The record
+    is written into the reserved file in place (padded: JSON allows trailing spaces), synced, and
+    renamed to exit.json: no new block is needed at the end."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / ".exit.reserved"
+        with open(self.path, "wb") as f:  # raises on a disk already full: then nothing is started
+            f.write(b" " * EXIT_RESERVE)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def write(self, record: dict) -> None:
+        data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()
+        if len(data) > EXIT_RESERVE:  # never: a record is a few hundred bytes
+            atomic_write_json(self.path.with_name("exit.json"), record)
+            return
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, data + b" " * (EXIT_RESERVE - len(data)), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self.path, self.path.with_name("exit.json"))
+
+
+class DiskFull:
+    """Set by any thread of jobwrap that met ENOSPC; they go on (the stage must be recorded)."""
+
+    def __init__(self):
+        self.seen_at: str | None = None
+
+    def guard(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except OSError as e:
+            if e.errno == errno.ENOSPC and self.seen_at is None:
+                self.seen_at = utcnow_iso()
+            # any other write error of a side file is not worth the stage's record either
 
 
 def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     meta = read_json(run_dir / "meta.json") or {}
+    try:
+        exit_record = ExitRecord(run_dir)
+    except OSError as e:  # no room even for the end's record: start nothing unsupervised
+        print(f"jobwrap: cannot reserve space for the run's end in {run_dir} ({e}); the stage was not "
+              f"started", file=sys.stderr, flush=True)
+        return 75  # EX_TEMPFAIL
+    disk = DiskFull()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup, also when not started through nohup
 
     env = dict(os.environ)
@@ -64,8 +116,8 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     except OSError as e:
         log.write(f"jobwrap: cannot start {command[0]!r} in {cwd!r}: {e}\n".encode())
         meta.update(started_at=utcnow_iso(started), jobwrap_pid=os.getpid(), pid=None, pgid=None)
-        atomic_write_json(run_dir / "meta.json", meta)
-        atomic_write_json(run_dir / "exit.json", {
+        disk.guard(atomic_write_json, run_dir / "meta.json", meta)
+        exit_record.write({
             "schema": 1, "exit_code": 127, "signal": None, "signal_name": None,
             "ended_at": utcnow_iso(), "state": "failed", "error": str(e)})
         return 127
@@ -75,7 +127,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
                 env_keys=sorted(env_extra))  # the stage's own values (secrets, maybe) are not recorded
     meta.setdefault("schema", 1)
     meta.setdefault("run_id", run_dir.name)
-    atomic_write_json(run_dir / "meta.json", meta)
+    disk.guard(atomic_write_json, run_dir / "meta.json", meta)  # the stage runs: never die here
 
     # A TERM/INT to the wrapper itself is passed on to the stage; the wrapper still records the end.
     def forward(signum, _frame):
@@ -91,11 +143,11 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
 
     def heartbeat():
         while not stop.is_set():
-            (run_dir / "heartbeat").write_text(utcnow_iso() + "\n")
+            disk.guard(lambda: (run_dir / "heartbeat").write_text(utcnow_iso() + "\n"))
             stop.wait(HEARTBEAT_S)
 
     threading.Thread(target=heartbeat, name="heartbeat", daemon=True).start()
-    follower = _start_log_follower(run_dir, stop)
+    follower = _start_log_follower(run_dir, stop, disk)
 
     while True:
         try:
@@ -112,14 +164,19 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     stop.set()
     if follower is not None:
         follower.join(timeout=10)  # let the tailer read the last lines before the end is recorded
-        _ensure_final_state(run_dir, follower)
+        disk.guard(_ensure_final_state, run_dir, follower)
     stop_requested = (run_dir / "stop_requested").exists()
-    atomic_write_json(run_dir / "exit.json", {
-        "schema": 1, "exit_code": exit_code, "signal": sig, "signal_name": signal_text(sig),
-        "ended_at": utcnow_iso(ended), "duration_s": round(duration_s, 3),
-        "state": end_state(exit_code, sig, stop_requested), "stop_requested": stop_requested,
-        "orphans": orphans})
-    (run_dir / "heartbeat").write_text(utcnow_iso() + "\n")
+    record = {"schema": 1, "exit_code": exit_code, "signal": sig, "signal_name": signal_text(sig),
+              "ended_at": utcnow_iso(ended), "duration_s": round(duration_s, 3),
+              "state": end_state(exit_code, sig, stop_requested), "stop_requested": stop_requested,
+              "orphans": orphans}
+    if disk.seen_at and record["state"] == "failed":
+        # the log may lack the stage's own "No space left" (it could not be written either)
+        record["failure"] = {"reason": "disk_full", "line": None, "process": None,
+                             "message": f"no space left on the device of {run_dir} (seen {disk.seen_at}); "
+                                        f"free space there, then run the stage again (it resumes)"}
+    exit_record.write(record)
+    disk.guard(lambda: (run_dir / "heartbeat").write_text(utcnow_iso() + "\n"))
     log.close()
     return rc if rc >= 0 else 128 - rc
 

@@ -392,7 +392,7 @@ def combine_with_exit(log_state: dict, exit_info: dict) -> dict:
     out.pop("suspect", None)
     out["stall"] = None
     ending = decide_end(code, sig, stop_requested=bool(exit_info.get("stop_requested")),
-                        named=log_state.get("failure") or log_state.get("suspect"),
+                        named=log_state.get("failure") or log_state.get("suspect") or exit_info.get("failure"),
                         last_line=log_state.get("last_line"), signal_name=exit_info.get("signal_name"))
     out.update(state=ending.state.value, failure=ending.failure)
     return out

@@ -175,12 +175,14 @@ def process_alive(run_dir: Path, now: float) -> bool | None:
     return now - beat < HEARTBEAT_FRESH_S
 
 
-def follow_run(run_dir: Path, stop: threading.Event) -> None:
+def follow_run(run_dir: Path, stop: threading.Event, guard=None) -> None:
     """Tail run_dir/output.log into run_dir/state.json until stop is set; then a final pass.
 
     jobwrap runs this in a thread and writes exit.json after it returns: the final state here is
-    the log's; `run_state(run_dir)` combines it with exit.json for readers.
+    the log's; `run_state(run_dir)` combines it with exit.json for readers. `guard(fn)` runs each
+    state write (jobwrap's: a full disk is noted, and the tailer goes on reading).
     """
+    guard = guard or (lambda fn, *args: fn(*args))
     from .watch import DirWatch
 
     run_dir = Path(run_dir)
@@ -196,10 +198,10 @@ def follow_run(run_dir: Path, stop: threading.Event) -> None:
             follower.read()
             write_now, timeout = follower.due()
             if write_now:
-                follower.write()
+                guard(follower.write)
             changed.wait(max(0.0, timeout))
             changed.clear()
-        follower.finish()
+        guard(follower.finish)
     finally:
         if watch is not None:
             watch.stop()
@@ -209,9 +211,11 @@ def run_state(run_dir: Path) -> dict | None:
     """state.json combined with exit.json when the run has ended: what status readers should show."""
     run_dir = Path(run_dir)
     state = read_json(run_dir / "state.json")
-    if state is None:
-        return None
     exit_info = read_json(run_dir / "exit.json")
+    if state is None:
+        if not isinstance(exit_info, dict):
+            return None
+        state = {"schema": 1, "state": "running", "failure": None}  # never written (a full disk): the exit says it
     if exit_info is not None and "exit" not in state:
         state = combine_with_exit(state, exit_info)
     return state
