@@ -209,3 +209,12 @@ def test_a_stage_whose_end_is_unknown_is_not_rerun_unasked(tmplab):
     assert "hold" in tmplab.lab("plan").stdout
     tmplab.lab("run", "quick", "--force")  # the user's word
     assert len(tmplab.run_dirs()) == 2
+
+
+def test_a_malformed_launch_answer_is_an_error_not_a_key_error(tmplab):
+    from eaglelab.control.lab import Lab
+    from eaglelab.errors import HostError
+    tmplab.write_pipeline('stages:\n  quick:\n    host: local\n    command: ["true"]\n')
+    lab = Lab.load(str(tmplab.conf))
+    with pytest.raises(HostError, match="the launch of quick answered"):
+        lab._record_launch({"id": "quick-1"}, {"host": "local", "stage": "quick"})

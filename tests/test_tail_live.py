@@ -229,3 +229,21 @@ def test_copytruncate_while_the_tailer_lags_loses_nothing(tmp_path):
     with open(log, "ab") as fh:  # and plain appends afterwards are read once, no false resets
         fh.write(b"tail\n")
     assert list(f.read_new()) == [("data", b"tail\n")]
+
+
+def test_a_stage_that_prints_nothing_is_stalled_after_a_while(tmp_path):
+    """No byte in the log since the start, the process alive: after SILENT_MAX_S it is `stalled`
+    (`silent`), with its ETA unknown rather than "finishing now"."""
+    import os as _os
+    from eaglelab.fsutil import utcnow_iso
+    from eaglelab.host.tail.run import SILENT_MAX_S, RunFollower
+    (tmp_path / "output.log").write_bytes(b"")
+    (tmp_path / "meta.json").write_text(json.dumps({"run_id": "s-1", "stage": "s", "pid": _os.getpid(),
+                                                    "started_at": utcnow_iso(1_800_000_000.0)}))
+    now = [1_800_000_000.0 + 60]
+    f = RunFollower(tmp_path, clock=lambda: now[0])
+    f.read()
+    assert f.snapshot()["state"] == "running"  # a minute of silence is nothing
+    now[0] += SILENT_MAX_S
+    snap = f.snapshot()
+    assert snap["state"] == "stalled" and snap["stall"]["reason"] == "silent"

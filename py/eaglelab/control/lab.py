@@ -24,12 +24,12 @@ from eaglelab import __version__
 from eaglelab import config as config_mod
 from . import preflight
 from eaglelab.config import REPO_ROOT, Config, StageConfig
-from eaglelab.errors import EaglelabError, StageError
+from eaglelab.errors import EaglelabError, HostError, StageError
 from .executors import Executor, HostUnreachable, for_host
 from eaglelab.fsutil import parse_iso
 from eaglelab.control.registry import Registry
 
-from eaglelab.model import ACTIVE, BadRecord, HostReport, RunRecord, check, exit_text
+from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, check, exit_text
 # Code every stage script leans on: a change here is a change of every stage that uses it.
 STAGE_SHARED_CODE = tuple(REPO_ROOT / "py" / "eaglelab" / p for p in ("stages/common.py", "manifest.py"))
 
@@ -192,6 +192,10 @@ class Lab:
         return self.wait(rec, out=out if follow else None)
 
     def _record_launch(self, meta: dict, spec: dict) -> dict:
+        try:
+            check(Meta, meta, f"host {spec['host']}: the launch of {spec['stage']} answered")
+        except BadRecord as e:  # a malformed answer is an error, not a KeyError far away
+            raise HostError(f"{e}; the run may exist on the host: `lab status` shows it once it reports") from None
         rec = {**meta, "id": meta["run_id"], "state": "running" if meta.get("started_at") else "pending",
                "run_dir": str(Path(self.executor(spec["host"]).work_dir) / "runs" / meta["run_id"])}
         self.registry.upsert(rec)

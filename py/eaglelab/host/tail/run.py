@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from eaglelab.fsutil import atomic_write_bytes, read_json, utcnow_iso
+from eaglelab.fsutil import atomic_write_bytes, parse_iso, read_json, utcnow_iso
 
 from ..parse.state import LogState, combine_with_exit
 from .follower import FileFollower
@@ -28,6 +28,7 @@ WRITE_DUTY = 10.0       # wait at least this many times the last write's cost be
 IDLE_WRITE_S = 5.0
 POLL_S = 1.0            # read the file at least this often even without a watchdog event
 HEARTBEAT_FRESH_S = 15.0
+SILENT_MAX_S = 1800.0   # a live stage that wrote nothing at all for this long is called stalled
 
 
 def earlier_phase_durations(run_dir: Path, limit: int = 10) -> dict[str, float]:
@@ -102,6 +103,12 @@ class RunFollower:
         if exit_info is not None:
             self.state.end_of_log()  # the process has exited: its log is complete
         snap = self.state.snapshot(now=now, alive=alive, exit_info=exit_info)
+        silent = self._silent_for(now) if alive and exit_info is None and self.reader.offset == 0 else None
+        if silent is not None and silent > SILENT_MAX_S and snap.get("state") == "running":
+            # not one byte since the start: the log-based rules have nothing to go on, this one does
+            snap["state"] = "stalled"
+            snap["stall"] = {"reason": "silent", "idle_s": round(silent, 1),
+                             "message": f"no output at all in {silent / 60:.0f} min since the stage started"}
         snap["updated_at"] = utcnow_iso(now)
         snap["log_bytes"] = self.reader.offset
         snap["final"] = final or exit_info is not None
@@ -125,6 +132,10 @@ class RunFollower:
         if self.dirty:
             return False, self.min_interval_s - since
         return False, min(POLL_S, IDLE_WRITE_S - since)
+
+    def _silent_for(self, now: float) -> float | None:
+        started = parse_iso((read_json(self.run_dir / "meta.json") or {}).get("started_at"))
+        return now - started if started else None
 
     @property
     def min_interval_s(self) -> float:
