@@ -284,7 +284,10 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
         return rec
     (run_dir / "stop_requested").write_text(utcnow_iso() + "\n")
     pgid = rec.get("pgid")
-    if not pgid or not run_processes(pgid, run_dir):
+    # Ours, provably: jobwrap of this very run directory lives (it made the group), or processes of
+    # the group carry this run's EAGLELAB_RUN_DIR. A pgid in meta.json alone proves nothing.
+    supervised = _alive(rec.get("jobwrap_pid"), run_dir) and pgid == rec.get("pid")
+    if not pgid or not (supervised or run_processes(pgid, run_dir)):
         return read_run(run_dir)  # nothing of this run is alive in that group: signal nobody
     if rec.get("orphaned"):
         return _stop_orphan(run_dir, pgid, grace_s)
