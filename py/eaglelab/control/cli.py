@@ -13,6 +13,7 @@ import click
 
 from .commands import all_commands
 from eaglelab.errors import EaglelabError
+from eaglelab.model import exit_text
 from .lab import ACTIVE, Lab, exit_code_of
 
 
@@ -130,7 +131,8 @@ def stop(c: _Ctx, target: str, grace: float | None) -> None:
     t0 = time.time()
     final = c.lab.stop(rec["id"], grace)
     extra = " — processes of its group outlived it (GPU memory may still be held)" if final.get("orphans") else ""
-    click.echo(f"lab: {final['id']} {final['state']} (signal {final.get('signal')}) "
+    how = exit_text(final)
+    click.echo(f"lab: {final['id']} {final['state']}{f' ({how})' if how else ''} "
                f"after {time.time() - t0:.1f} s{extra}")
 
 

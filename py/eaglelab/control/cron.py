@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import subprocess
 import secrets
 import shlex
 import sys
@@ -153,7 +154,13 @@ def remove(*, conf_dir: Path | None, target: str | None) -> list[Entry]:
             gone.append(Entry(parsed[0], parsed[1], job.slices.render(), job.command, job.is_enabled()))
             tab.remove(job)
     if gone:
-        _write(tab)
+        if not tab.render().strip():  # nothing left: no crontab at all, as before install (`crontab -r`)
+            try:
+                subprocess.run(["crontab", "-r"], check=True, capture_output=True, timeout=30)
+            except (OSError, subprocess.SubprocessError) as e:
+                raise CronError(f"cannot remove your (now empty) crontab ({e})") from None
+        else:
+            _write(tab)
     return gone
 
 

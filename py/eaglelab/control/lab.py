@@ -205,8 +205,8 @@ class Lab:
         for dep in stage.depends_on:
             latest = self.latest(dep)
             if latest is None or latest["state"] != "completed":
-                state = latest["state"] if latest else "never ran"
-                raise StageError(f"stage {stage.name!r} depends on {dep!r}, whose latest run is {state}; "
+                state = f"whose latest run {latest['id']} is {latest['state']}" if latest else "which never ran"
+                raise StageError(f"stage {stage.name!r} depends on {dep!r}, {state}; "
                                  f"run `lab run {dep}` first (or `lab run {stage.name} --deps`)")
 
     # -- services ----------------------------------------------------------------------------
