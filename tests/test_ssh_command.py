@@ -126,3 +126,8 @@ def test_a_control_socket_folder_others_could_use_is_refused(tmp_path, how, monk
     if how == "loose":
         d.chmod(0o700)
         assert executor(long_logs).control_path().startswith(str(d) + "/")  # ours and private: used
+
+
+def test_the_fix_hint_is_the_ssh_line_that_would_work(tmp_path):
+    ex = executor(tmp_path, user="alice", port=2222, config_file="/lab/ssh config")
+    assert ex.try_command() == "ssh -F '/lab/ssh config' -p 2222 -l alice gpu1 true"

@@ -206,7 +206,7 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
         spec = spec or lab.launch_spec(stage)
         facts = host_facts(ex, spec)
     except HostUnreachable as e:
-        return [Check("host", False, str(e), f"check the link: `ssh {host.ssh.host if host.ssh else stage.host} true`")]
+        return [Check("host", False, str(e), f"check the link: `{ex.try_command()}`")]
     except HostError as e:
         return [Check("host", False, str(e), f"`lab sync {stage.host}`")]
     checks = [Check("host", True, f"{stage.host} answers (hostname {facts.get('hostname')}, "

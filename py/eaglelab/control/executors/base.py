@@ -33,6 +33,10 @@ class Executor(abc.ABC):
     def python(self) -> str:
         return self.host_path(self.host.python)
 
+    def try_command(self) -> str:
+        """A command a person can paste to try reaching the host (fix hints)."""
+        return "true"
+
     @abc.abstractmethod
     def launch(self, spec: dict) -> dict:
         """Start spec (stage, command, cwd, env, ...) under jobwrap, detached; the run's meta."""

@@ -81,6 +81,9 @@ class SlurmExecutor(Executor):
     def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         return self.login.read_log(run_id, offset, limit)
 
+    def try_command(self) -> str:
+        return self.login.try_command()
+
     def facts(self, inputs: list[str], outputs: list[str], cwd: str) -> dict:
         """The login node's facts (python, packages: env parity against the host's lock)."""
         return self.login.facts(inputs, outputs, cwd)

@@ -139,6 +139,13 @@ class SshExecutor(Executor):
             argv += ["-o", opt]
         return argv
 
+    def try_command(self) -> str:
+        """The ssh line a person can paste to try the link: the same config file, port and user."""
+        s = self.ssh
+        argv = ["ssh"] + (["-F", str(Path(s.config_file).expanduser())] if s.config_file else []) \
+            + (["-p", str(s.port)] if s.port else []) + (["-l", s.user] if s.user else []) + [s.host, "true"]
+        return shlex.join(argv)
+
     def remote_command(self, verb: str) -> str:
         """The one string ssh hands to the remote shell, built from an argv list and quoted. The
         arguments go on stdin (`-`): a launch's env may hold secrets, and command lines are public."""
@@ -165,7 +172,7 @@ class SshExecutor(Executor):
         if cp.returncode == 255:
             msg = cp.stderr.decode(errors="replace").strip().splitlines()
             raise HostUnreachable(f"host {self.host.name!r} ({self.ssh.host}): ssh failed: "
-                                  f"{msg[-1] if msg else 'exit 255'}; check the link and `ssh {self.ssh.host} true`")
+                                  f"{msg[-1] if msg else 'exit 255'}; check the link and `{self.try_command()}`")
         return cp
 
     def call(self, verb: str, args: dict, timeout: float | None = None) -> dict:
