@@ -28,6 +28,30 @@ def wait_for(pred, timeout: float = 60, interval: float = 0.2):
     raise AssertionError(f"condition not met within {timeout} s")
 
 
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 512 KiB tmpfs (a disk that fills up), mounted for the test and unmounted after it."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill_disk(path: Path) -> None:
+    """Write zeros to path until its filesystem has no room left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def kill_unfinished(run_dirs) -> None:
     """SIGKILL the process group of every run without an exit.json: no stage outlives its test."""
     for d in run_dirs:

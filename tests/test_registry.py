@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
@@ -12,13 +11,15 @@ import time
 
 import pytest
 
+from conftest import fill_disk
 from eaglelab.control.registry import Registry
 from eaglelab.errors import RegistryError
 
 WRITER = textwrap.dedent("""\
     import sys
     sys.path.insert(0, {py!r})
-    from eaglelab.control.registry import Registry
+    from conftest import fill_disk
+from eaglelab.control.registry import Registry
     reg = Registry({db!r})
     who, n = sys.argv[1], int(sys.argv[2])
     for i in range(n):
@@ -104,42 +105,23 @@ def test_writer_killed_while_holding_the_write_lock(tmp_path):
 
 # -- errors that name their cause (a healthy registry is never to be thrown away) ---------------
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 256 KiB tmpfs, mounted for the test and unmounted after it."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def test_a_read_only_registry_says_so(small_disk):
-    reg = Registry(small_disk / "registry.sqlite")
+def test_a_read_only_registry_says_so(tiny_disk):
+    reg = Registry(tiny_disk / "registry.sqlite")
     reg.upsert({"id": "a-1", "stage": "a", "host": "local", "state": "running"})
-    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_disk)], check=True)
     with pytest.raises(RegistryError) as e:
-        Registry(small_disk / "registry.sqlite").upsert({"id": "a-1", "stage": "a", "host": "local",
+        Registry(tiny_disk / "registry.sqlite").upsert({"id": "a-1", "stage": "a", "host": "local",
                                                          "state": "completed"})
     assert "read-only" in str(e.value) and "move it aside" not in str(e.value)
 
 
-def test_a_full_disk_is_a_full_disk_not_a_broken_registry(small_disk):
-    reg = Registry(small_disk / "registry.sqlite")
-    fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT)
-    try:  # fill what is left
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def test_a_full_disk_is_a_full_disk_not_a_broken_registry(tiny_disk):
+    reg = Registry(tiny_disk / "registry.sqlite")
+    fill_disk(tiny_disk / "filler")
     big = {"id": "a-1", "stage": "a", "host": "local", "state": "running", "log_state": {"x": "y" * 60_000}}
     with pytest.raises(RegistryError) as e:
         reg.upsert(big)
     assert "full" in str(e.value) and "move it aside" not in str(e.value)
-    (small_disk / "filler").unlink()
+    (tiny_disk / "filler").unlink()
     reg.upsert(big)  # space again: the same registry works, nothing to rebuild
     assert reg.get("a-1")["state"] == "running"

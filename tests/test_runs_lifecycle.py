@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAB
+from conftest import LAB, fill_disk
 from eaglelab.fsutil import parse_iso
 
 PIPELINE = """\
@@ -348,18 +348,6 @@ def test_a_stage_secret_is_on_no_command_line_and_in_no_world_readable_file(tmpl
     tmplab.lab("stop", "secretive")
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A real 512 KiB tmpfs for a run directory, mounted for the test and unmounted after it."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 FILL = ("import sys\nf = open(sys.argv[1], 'wb')\n"
         "try:\n    while True:\n        f.write(b'x' * 65536); f.flush()\n"
         "except OSError as e:\n    print('stage:', e, flush=True); sys.exit(1)\n")
@@ -390,14 +378,7 @@ def test_a_disk_full_at_launch_starts_nothing_and_leaves_nothing(tiny_disk, tmp_
     import sys
     from eaglelab.host import hostside
     (tiny_disk / "runs").mkdir(mode=0o700)
-    fd = os.open(tiny_disk / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fill_disk(tiny_disk / "filler")
     with pytest.raises(hostside.LaunchError, match="nothing was started|free space"):
         hostside.launch(str(tiny_disk), {"stage": "s", "command": [sys.executable, "-c", "print(1)"],
                                          "cwd": str(tmp_path)})
