@@ -18,8 +18,7 @@ from eaglelab.errors import RegistryError
 WRITER = textwrap.dedent("""\
     import sys
     sys.path.insert(0, {py!r})
-    from conftest import fill_disk
-from eaglelab.control.registry import Registry
+    from eaglelab.control.registry import Registry
     reg = Registry({db!r})
     who, n = sys.argv[1], int(sys.argv[2])
     for i in range(n):
