@@ -384,3 +384,21 @@ def test_a_disk_full_at_launch_starts_nothing_and_leaves_nothing(tiny_disk, tmp_
                                          "cwd": str(tmp_path)})
     assert list((tiny_disk / "runs").iterdir()) == []
     assert hostside.report(str(tiny_disk))["bad_runs"] == []
+
+
+def test_an_orphan_that_ends_on_its_own_is_adopted_from_its_log(tmplab):
+    """jobwrap is killed, the stage goes on and finishes by itself: nobody recorded its exit, but
+    its log says how it ended (eaglelab's end marker): completed, not lost, and not run again."""
+    tmplab.write_pipeline(PIPELINE + """  marked:
+    host: local
+    command: ["${python}", "-c", "import time; from eaglelab.host.parse.markers import done_line; time.sleep(4); print(done_line(), flush=True)"]
+""")
+    tmplab.lab("run", "marked", "--detach")
+    run = tmplab.runs("marked")[0]
+    meta = tmplab.wait_for(lambda: (m := _meta(tmplab, run["id"])).get("pid") and m)
+    os.kill(meta["jobwrap_pid"], signal.SIGKILL)
+    tmplab.wait_for(lambda: _state(tmplab, run["id"]).get("orphaned"))
+    done = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"]))["state"] != "running" and r, timeout=60)
+    assert (done["state"], done["lost"]) == ("completed", False), done
+    p = tmplab.lab("run", "marked")
+    assert "up to date" in p.stdout and len(tmplab.run_dirs()) == 1

@@ -23,7 +23,7 @@ from eaglelab.model import BadRecord, Exit, Meta, check, decide_end, signal_text
 from . import hostfacts
 from .jobwrap import group_alive
 from .machine import free_disk, gpus, inputs_digest, mark_gpu_holders
-from .tail.run import run_state
+from .tail.run import RunFollower, run_state
 
 
 
@@ -200,10 +200,17 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     else:  # wall clock; never negative after a step back
         rec["duration_s"] = round(max((end or now) - start, 0.0), 3) if start else None
     # the tailer's state.json combined with the exit (a SIGKILL is host_oom_killed, exit 0 completed)
+    if rec.get("lost"):
+        _finish_log_once(run_dir)  # the wrapper's tailer died with it: read the log to its end, once
     rec["log_state"] = run_state(run_dir)
-    if rec.get("lost") and isinstance(rec["log_state"], dict) and rec["log_state"].get("state") in ("running", "stalled"):
+    ls = rec["log_state"] if isinstance(rec["log_state"], dict) else None
+    if rec.get("lost") and ls is not None and ls.get("state") in ("completed", "failed"):
+        # adopted: the wrapper is gone, but the log says how the stage ended (its end marker, or
+        # a failure it did not survive): that is the run's end, not "lost"
+        rec.update(state=ls["state"], lost=False, adopted=True)
+    elif rec.get("lost") and ls is not None and ls.get("state") in ("running", "stalled"):
         # the log's own word ends with the run: not "running" with stale progress forever
-        rec["log_state"] = {**rec["log_state"], "state": "killed", "stall": None, "lost": True}
+        rec["log_state"] = {**ls, "state": "killed", "stall": None, "lost": True}
     try:
         rec["log_size"] = (run_dir / "output.log").stat().st_size
     except OSError:
@@ -234,9 +241,23 @@ def _ours(run_dir: Path) -> None:
                             f"so it is neither read nor stopped")
 
 
+def _finish_log_once(run_dir: Path) -> None:
+    state = read_json(run_dir / "state.json")
+    try:
+        size = (run_dir / "output.log").stat().st_size
+    except OSError:
+        return
+    if isinstance(state, dict) and state.get("final") and state.get("log_bytes") == size:
+        return
+    try:
+        RunFollower(run_dir).finish()
+    except OSError:
+        pass  # a full or read-only disk: the last state stands
+
+
 def _last_sign_of_life(run_dir: Path, meta: dict) -> str | None:
     times = []
-    for name in ("heartbeat", "output.log", "state.json"):
+    for name in ("heartbeat", "output.log"):  # not state.json: readers write it too
         try:
             times.append((run_dir / name).stat().st_mtime)
         except OSError:

@@ -223,6 +223,10 @@ def run_state(run_dir: Path) -> dict | None:
     run_dir = Path(run_dir)
     state = read_json(run_dir / "state.json")
     exit_info = read_json(run_dir / "exit.json")
+    if not isinstance(exit_info, dict):
+        exit_info = None
+    if state is not None and not isinstance(state, dict):
+        state = None  # valid JSON of the wrong shape: as unreadable (the page says so), never a crash
     if state is None:
         if not isinstance(exit_info, dict):
             return None
