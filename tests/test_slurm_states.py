@@ -84,7 +84,8 @@ import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
-print(f"rank {dist.get_rank()}/{dist.get_world_size()} sum {t.item():.0f}", flush=True)
+with open(os.path.join(os.environ["OUT_DIR"], f"rank{dist.get_rank()}"), "w") as f:  # one file each: no interleaving
+    f.write(f"rank {dist.get_rank()}/{dist.get_world_size()} sum {t.item():.0f}")
 dist.destroy_process_group()
 """
 
@@ -110,6 +111,6 @@ def test_the_multi_node_command_is_a_working_torchrun_rendezvous(tmp_path):
     assert f"--rdzv-endpoint=127.0.0.1:{port}" in torchrun and "--rdzv-id=eaglelab-77" in torchrun
     one_node = [a if a != "--nnodes=2" else "--nnodes=1" for a in torchrun]
     p = subprocess.run(one_node, capture_output=True, text=True, timeout=240,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "OUT_DIR": str(tmp_path)})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    assert sorted(ln for ln in p.stdout.splitlines() if ln.startswith("rank")) == ["rank 0/2 sum 3", "rank 1/2 sum 3"]
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["rank 0/2 sum 3", "rank 1/2 sum 3"]
