@@ -202,8 +202,8 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     # the tailer's state.json combined with the exit (a SIGKILL is host_oom_killed, exit 0 completed)
     if rec.get("lost"):
         _finish_log_once(run_dir)  # the wrapper's tailer died with it: read the log to its end, once
-    rec["log_state"] = run_state(run_dir)
-    ls = rec["log_state"] if isinstance(rec["log_state"], dict) else None
+    ls = run_state(run_dir)
+    ls = rec["log_state"] = ls if isinstance(ls, dict) else None  # a state.json of the wrong shape: none
     if rec.get("lost") and ls is not None and ls.get("state") in ("completed", "failed"):
         # adopted: the wrapper is gone, but the log says how the stage ended (its end marker, or
         # a failure it did not survive): that is the run's end, not "lost"

@@ -225,12 +225,11 @@ def run_state(run_dir: Path) -> dict | None:
     exit_info = read_json(run_dir / "exit.json")
     if not isinstance(exit_info, dict):
         exit_info = None
-    if state is not None and not isinstance(state, dict):
-        state = None  # valid JSON of the wrong shape: as unreadable (the page says so), never a crash
-    if state is None:
-        if not isinstance(exit_info, dict):
-            return None
-        state = {"schema": 1, "state": "running", "failure": None}  # never written (a full disk): the exit says it
+    if state is None and exit_info is not None and exit_info.get("failure") and not (run_dir / "state.json").exists():
+        # never written (a full disk from the start): jobwrap's own diagnosis is all there is
+        state = {"schema": 1, "state": "running", "failure": None}
+    if not isinstance(state, dict):
+        return state  # absent, half-written or of the wrong shape: readers say so (log_state_status)
     if exit_info is not None and "exit" not in state:
         state = combine_with_exit(state, exit_info)
     return state
