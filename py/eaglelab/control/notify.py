@@ -16,6 +16,7 @@ Bodies: `generic` (JSON, schema 1), `slack` ({"text", "blocks"}), `ntfy` (plain 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -27,6 +28,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from eaglelab.figures import human_duration as _human
 from eaglelab.model import ACTIVE, how_it_ended
@@ -301,8 +303,6 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float = TIMEOU
 def redact_url(url: str) -> str:
     """A webhook URL for logs and screens: scheme and host, and a short hash to tell two apart.
     The path and query of a Slack/ntfy webhook are its secret."""
-    import hashlib
-    from urllib.parse import urlsplit
     try:
         parts = urlsplit(url)
         where = f"{parts.scheme}://{parts.hostname or '?'}{f':{parts.port}' if parts.port else ''}"

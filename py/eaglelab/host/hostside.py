@@ -168,25 +168,14 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
         rec["heartbeat_at"] = utcnow_iso((run_dir / "heartbeat").stat().st_mtime)
     except OSError:
         pass
-    if end_unknown is not None and not _alive(meta.get("jobwrap_pid"), run_dir):
-        # the run ended, how is unknown: failed with that said, and never rerun without a person's word
-        rec.update(state="failed", end_unknown=end_unknown, ended_at=_last_sign_of_life(run_dir, meta))
-    elif exit_info is None and not _alive(meta.get("jobwrap_pid"), run_dir):
-        exit_info = _checked(run_dir / "exit.json", Exit)  # it may have ended between the reads
-        if exit_info is None:
-            launched = parse_iso(meta.get("launched_at")) or 0
-            spawned = read_json(run_dir / "spawned.json")
-            spawned_pid = spawned.get("pid") if isinstance(spawned, dict) else None
-            if not meta.get("started_at") and (_alive(spawned_pid, run_dir) or now - launched < SPAWN_GRACE_S):
-                rec["state"] = "pending"  # jobwrap is still starting, however slowly
-            elif run_processes(meta.get("pgid"), run_dir):
-                # the wrapper died (kill -9, OOM) but the stage lives on, unsupervised: still running,
-                # never launched again while alive, stoppable (stop() records its end)
-                rec.update(state="running", orphaned=True)
-            else:
-                # wrapper and stage gone, the end unrecorded: it ended at its last sign of life,
-                # so its duration stops growing (the heartbeat, else the log's last write)
-                rec.update(state="killed", lost=True, ended_at=_last_sign_of_life(run_dir, meta))
+    if not _alive(meta.get("jobwrap_pid"), run_dir):
+        if end_unknown is not None:
+            # the run ended, how is unknown: failed with that said, never rerun without a person's word
+            rec.update(state="failed", end_unknown=end_unknown, ended_at=_last_sign_of_life(run_dir, meta))
+        elif exit_info is None:
+            exit_info = _checked(run_dir / "exit.json", Exit)  # it may have ended between the reads
+            if exit_info is None:
+                rec.update(_without_wrapper(run_dir, meta, now))
     if exit_info is not None:
         rec.update(state=exit_info.get("state"), exit_code=exit_info.get("exit_code"),
                    signal=exit_info.get("signal"), ended_at=exit_info.get("ended_at"),
@@ -203,19 +192,40 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     if rec.get("lost"):
         _finish_log_once(run_dir)  # the wrapper's tailer died with it: read the log to its end, once
     ls = run_state(run_dir)
-    ls = rec["log_state"] = ls if isinstance(ls, dict) else None  # a state.json of the wrong shape: none
-    if rec.get("lost") and ls is not None and ls.get("state") in ("completed", "failed"):
-        # adopted: the wrapper is gone, but the log says how the stage ended (its end marker, or
-        # a failure it did not survive): that is the run's end, not "lost"
-        rec.update(state=ls["state"], lost=False, adopted=True)
-    elif rec.get("lost") and ls is not None and ls.get("state") in ("running", "stalled"):
-        # the log's own word ends with the run: not "running" with stale progress forever
-        rec["log_state"] = {**ls, "state": "killed", "stall": None, "lost": True}
+    rec["log_state"] = ls if isinstance(ls, dict) else None  # a state.json of the wrong shape: none
+    if rec.get("lost") and rec["log_state"]:
+        _settle_lost(rec)
     try:
         rec["log_size"] = (run_dir / "output.log").stat().st_size
     except OSError:
         rec["log_size"] = 0
     return rec
+
+
+def _without_wrapper(run_dir: Path, meta: dict, now: float) -> dict:
+    """The state of a run whose jobwrap is not (or no longer) there and that recorded no end."""
+    launched = parse_iso(meta.get("launched_at")) or 0
+    spawned = read_json(run_dir / "spawned.json")
+    spawned_pid = spawned.get("pid") if isinstance(spawned, dict) else None
+    if not meta.get("started_at") and (_alive(spawned_pid, run_dir) or now - launched < SPAWN_GRACE_S):
+        return {"state": "pending"}  # jobwrap is still starting, however slowly
+    if run_processes(meta.get("pgid"), run_dir):
+        # the wrapper died (kill -9, OOM) but the stage lives on, unsupervised: still running,
+        # never launched again while alive, stoppable (stop() records its end)
+        return {"state": "running", "orphaned": True}
+    # wrapper and stage gone, the end unrecorded: it ended at its last sign of life, so its
+    # duration stops growing (the heartbeat, else the log's last write)
+    return {"state": "killed", "lost": True, "ended_at": _last_sign_of_life(run_dir, meta)}
+
+
+def _settle_lost(rec: dict) -> None:
+    """A lost run, corrected by its log: adopted when the log says how the stage ended (its end
+    marker, or a failure it did not survive); else its log state ends too, not "running" forever."""
+    ls = rec["log_state"]
+    if ls.get("state") in ("completed", "failed"):
+        rec.update(state=ls["state"], lost=False, adopted=True)
+    elif ls.get("state") in ("running", "stalled"):
+        rec["log_state"] = {**ls, "state": "killed", "stall": None, "lost": True}
 
 
 def write_env_file(path: Path, env: dict) -> None:
