@@ -187,3 +187,31 @@ def test_logs_shows_the_end_of_a_big_remote_log(sshlab):
     sshlab.lab("run", "chatty", "--quiet")
     out = sshlab.lab("logs", "chatty", "-n", "2").stdout.splitlines()
     assert out[-1] == "THE END" and out[-2].startswith("line 049999")
+
+
+def test_readiness_is_asked_on_the_services_host(sshlab):
+    """A service's ready.url is fetched on the host that runs it: something answering on the same
+    port of the controller does not make a remote service ready (it used to, within a second)."""
+    import http.server
+    import socket
+    import threading
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    silent = ["${python}", "-c", "import time; time.sleep(600)"]
+    serving = ["${python}", "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    try:
+        for name, command in (("quiet", silent), ("real", serving)):
+            sshlab.write({f"svc_{name}": {"host": "h1", "kind": "service", "command": command, "stop_grace_s": 1,
+                                          "ready": {"url": f"http://127.0.0.1:{port}/", "timeout_s": 8}},
+                          "job": {"host": "h1", "command": ["true"], "needs": [f"svc_{name}"]}}, hosts=["h1"])
+            p = sshlab.lab("run", "job", check=False, timeout=120)
+            if name == "quiet":  # the controller's impostor answers 200; h1's port is closed
+                assert p.returncode != 0 and "ready" in p.stderr, p.stdout + p.stderr
+            else:  # listening on h1 itself
+                assert p.returncode == 0 and "service svc_real is ready" in p.stdout, p.stdout + p.stderr
+            sshlab.lab("stop", f"svc_{name}", check=False)
+    finally:
+        impostor.shutdown()

@@ -375,10 +375,29 @@ def read_log(work_dir: str, run_id: str, offset: int = 0, limit: int = 1 << 20) 
         return b""
 
 
+def ready(work_dir: str, run_id: str, url: str | None, log_regex: str | None) -> dict:
+    """Is the service ready, asked where it runs: its URL fetched from this host (a port of the
+    same number on the controller says nothing about it), its log searched here (no log shipped)."""
+    if url:
+        import urllib.request
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return {"ready": True, "how": "url"}
+        except (OSError, ValueError):
+            pass
+    if log_regex:
+        import re
+        if re.search(log_regex.encode(), read_log(work_dir, run_id, 0, 64 << 20)):
+            return {"ready": True, "how": "log"}
+    return {"ready": False, "how": None}
+
+
 VERBS = {
     "inputs_digest": lambda a: inputs_digest(a["paths"], a.get("cwd", ".")),
     "launch": lambda a: launch(a["work_dir"], a["spec"]),
     "report": lambda a: report(a["work_dir"], a.get("stage")),
+    "ready": lambda a: ready(a["work_dir"], a["run_id"], a.get("url"), a.get("log_regex")),
     "stop": lambda a: stop(a["work_dir"], a["run_id"], a.get("grace_s", 30.0)),
     "read_log": lambda a: {"data": base64.b64encode(read_log(a["work_dir"], a["run_id"], a.get("offset", 0),
                                                              a.get("limit", 1 << 20))).decode()},

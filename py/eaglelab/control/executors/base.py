@@ -59,6 +59,10 @@ class Executor(abc.ABC):
         """hostside.inputs_digest, computed on the host."""
 
     @abc.abstractmethod
+    def ready(self, run_id: str, url: str | None, log_regex: str | None) -> bool:
+        """hostside.ready: the service's readiness, asked on its host."""
+
+    @abc.abstractmethod
     def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         """Bytes of the run's log from offset."""
 

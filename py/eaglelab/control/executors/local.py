@@ -34,5 +34,8 @@ class LocalExecutor(Executor):
     def stop(self, run_id: str, grace_s: float = 30.0) -> dict:
         return hostside.stop(self.work_dir, run_id, grace_s)
 
+    def ready(self, run_id: str, url: str | None, log_regex: str | None) -> bool:
+        return hostside.ready(self.work_dir, run_id, url, log_regex)["ready"]
+
     def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         return hostside.read_log(self.work_dir, run_id, offset, limit)

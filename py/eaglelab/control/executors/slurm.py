@@ -81,6 +81,10 @@ class SlurmExecutor(Executor):
     def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         return self.login.read_log(run_id, offset, limit)
 
+    def ready(self, run_id: str, url: str | None, log_regex: str | None) -> bool:
+        # asked on the login node: it shares the work dir (the log) with the compute nodes
+        return self.login.ready(run_id, url, log_regex)
+
     def try_command(self) -> str:
         return self.login.try_command()
 

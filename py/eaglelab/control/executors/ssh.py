@@ -201,6 +201,10 @@ class SshExecutor(Executor):
         self._home = f.get("home") or self._home
         return f
 
+    def ready(self, run_id: str, url: str | None, log_regex: str | None) -> bool:
+        return bool(self.call("ready", {"work_dir": self.work_dir, "run_id": run_id, "url": url,
+                                        "log_regex": log_regex}).get("ready"))
+
     def inputs_digest(self, paths: list[str], cwd: str) -> dict[str, str]:
         return self.call("inputs_digest", {"paths": paths, "cwd": cwd})
 
