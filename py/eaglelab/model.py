@@ -37,15 +37,6 @@ ACTIVE = frozenset({RunState.PENDING, RunState.RUNNING})
 FINAL = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.KILLED})
 
 
-class Failure(TypedDict, total=False):
-    """Why a run failed: the parser's diagnosis (reason from a fixed list) or the exit status's."""
-
-    reason: Required[str]
-    message: str | None
-    line: int | None
-    process: str | None
-
-
 class Meta(TypedDict, total=False):
     """meta.json: written at launch, completed by jobwrap when the stage has started."""
 
@@ -173,7 +164,7 @@ def check(shape: type, data: Any, where: str) -> dict:
 
 class Ending(NamedTuple):
     state: RunState
-    failure: dict | None  # Failure as a dict, None unless FAILED
+    failure: dict | None  # {reason, message, line, process}; None unless FAILED
 
 
 def decide_end(exit_code: int | None, signal: int | None, *, stop_requested: bool = False,

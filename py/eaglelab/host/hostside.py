@@ -127,6 +127,12 @@ def run_processes(pgid: int | None, run_dir: Path) -> list[int]:
     signalled or called alive on the pgid alone."""
     if not pgid:
         return []
+    try:
+        os.killpg(pgid, 0)  # no such group (the usual case for an old lost run): no /proc scan
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        return []  # another user's group: never ours
     marker = b"EAGLELAB_RUN_DIR=" + str(run_dir).encode() + b"\0"
     uid, found = os.getuid(), []
     for d in Path("/proc").iterdir():
