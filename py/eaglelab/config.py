@@ -91,6 +91,13 @@ class HostConfig(_Strict):
     lock: str = "requirements.lock"  # the pinned environment the host's venv must match (controller path)
     base_python: str = "python3"  # on the host: the interpreter `lab sync` makes the venv with
     pip_options: list[str] = []  # extra `pip install` arguments for `lab sync` (--index-url, --find-links ...)
+    # Data placement (README "Several hosts"): path prefixes (as stage paths are written: relative to
+    # repo_dir, or absolute) -> the name of the filesystem behind them. Two hosts that give the same
+    # name to a prefix of a path see the same files there, so nothing is moved between them.
+    shared: dict[str, str] = {}
+    # Hosts this host reaches itself with `ssh NAME` (its own keys and ~/.ssh/config): data goes
+    # host to host; otherwise it goes through the controller (which reaches every host).
+    direct_to: list[str] = []
     _logs_dir: str | None = PrivateAttr(None)  # the controller's logs dir, set by load()
 
     @field_validator("ssh")
@@ -154,10 +161,19 @@ class WebConfig(_Strict):
     allowed_hosts: list[str] = []
 
 
+class TransferOptions(_Strict):
+    """How outputs move between hosts that share no filesystem (eaglelab.control.transfer)."""
+    bwlimit: str | None = None  # rsync --bwlimit ("50m" = 50 MiB/s): leave the lab's link some room
+    retries: int = 5  # a leg that fails (a cut link) is tried again this many times; then the stage fails
+    retry_wait_s: float = 10
+
+
 class LabConfig(_Strict):
     profile: str = "demo"
     logs_dir: str = "logs"  # controller-side registry, mirrored logs, cron logs
     hosts: dict[str, HostConfig] = Field(min_length=1)
+    placement: dict[str, str] = {}  # stage -> host, over the pipeline's and the profile's `host:`
+    transfers: TransferOptions = TransferOptions()
     notify: NotifyConfig = NotifyConfig()
     web: WebConfig = WebConfig()
 
@@ -183,6 +199,13 @@ class StageConfig(_Strict):
     stop_grace_s: float = 30  # TERM, then KILL after this long
     slurm: SlurmOptions | None = None  # on a reach: slurm host: this stage's sbatch options (override the host's)
     description: str = ""
+    keep_alive_s: float = 600  # services: stopped once no job that needs them has run for this long
+    # set for the transfer stages eaglelab adds (eaglelab.control.transfers), never by a user
+    _transfer: Any = PrivateAttr(None)
+
+    @property
+    def transfer(self):
+        return self._transfer
 
 
 class PipelineConfig(_Strict):
@@ -468,6 +491,14 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
         if h.reach == "slurm" and h.slurm is None:
             h.slurm = SlurmHostConfig()
         h._logs_dir = str((REPO_ROOT / lab.logs_dir).resolve())
+    for name, host in lab.placement.items():  # lab.yaml puts stages on this lab's hosts
+        if name not in pipe.stages:
+            raise ConfigError(f"{lab_file}: placement.{name}: no stage {name!r}{did_you_mean(name, pipe.stages)}; "
+                              f"stages: {', '.join(pipe.stages)}")
+        if host not in lab.hosts:
+            raise ConfigError(f"{lab_file}: placement.{name} = {host!r}: no such host{did_you_mean(host, lab.hosts)}; "
+                              f"hosts: {', '.join(lab.hosts)}")
+        pipe.stages[name].host = host
     for name, s in pipe.stages.items():
         s.name = name
         where = f"{pipe_file}: stages.{name}"
@@ -488,7 +519,13 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             where = prof_file if k in (prof_pipe.get("vars") or {}) else pipe_file
             raise ConfigError(f"{where}: vars.{k} is a {type(v).__name__}; a var is a string or a number "
                               f"(it is substituted into command lines)")
+    for name, h in lab.hosts.items():
+        for other in h.direct_to:
+            if other not in lab.hosts:
+                raise ConfigError(f"{lab_file}: hosts.{name}.direct_to: no host {other!r}{did_you_mean(other, lab.hosts)}")
     cfg = Config(lab, pipe, profile, conf_dir)
+    from . import placement  # the transfers this placement needs become stages of their own
+    placement.add_transfer_stages(cfg)
     cfg.stage_order()  # refuses cycles now, not at launch
     for s in pipe.stages.values():  # and unknown ${vars}
         variables = cfg.vars_for(s)

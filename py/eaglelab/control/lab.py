@@ -116,6 +116,8 @@ class Lab:
             return "attach", f"{name} is already {latest['state']} as {latest['id']} on {latest['host']}", latest
         if force:
             return "run", "forced", latest
+        if stage.transfer is not None:  # up to date exactly when the destination holds the source's data
+            return (*self._transfer_verdict(stage.transfer), latest)
         if latest is None:
             return "run", "never ran", None
         if latest.get("end_unknown"):  # unreadable is not absent: a person decides, not a rerun
@@ -132,6 +134,28 @@ class Lab:
         if newer is not None:
             return "run", f"upstream {newer['stage']} ran again ({newer['id']}) after {latest['id']} started", latest
         return "skip", f"{name} is up to date ({latest['id']} completed, nothing changed)", latest
+
+    def transfer_sizes(self, t) -> tuple[dict, dict]:
+        """paths_info of a transfer's paths on its source and on its destination."""
+        src, dst = self.executor(t.src), self.executor(t.dst)
+        return src.paths_info(list(t.paths), src.repo_dir()), dst.paths_info(list(t.paths), dst.repo_dir())
+
+    def _transfer_verdict(self, t) -> tuple[str, str]:
+        legs = ("host to host" if t.dst in self.cfg.host(t.src).direct_to else
+                "through the controller" if "local" not in (self.cfg.host(t.src).reach, self.cfg.host(t.dst).reach)
+                else "over ssh from/to the controller")
+        try:
+            have, there = self.transfer_sizes(t)
+        except HostError as e:
+            return "run", f"moves {', '.join(t.paths)} {t.src} -> {t.dst} (sizes unknown: {e})"
+        if not all(i["exists"] for i in have.values()):
+            return "run", f"moves {', '.join(t.paths)} {t.src} -> {t.dst} {legs}, once {t.producer} has made it"
+        todo = [p for p in t.paths if there[p]["key"] != have[p]["key"] or there[p]["problems"]]
+        if not todo:
+            return "skip", f"{', '.join(t.paths)} already on {t.dst}, the same as on {t.src} ({have[t.paths[0]]['key']})"
+        size = sum(have[p]["bytes"] for p in todo)
+        return "run", (f"moves {', '.join(todo)} ({_size(size)}, {sum(have[p]['files'] for p in todo)} files) "
+                       f"{t.src} -> {t.dst} {legs}")
 
     def _upstream_newer(self, stage: StageConfig, latest: dict) -> dict | None:
         """A depends_on stage whose latest run started after this stage's latest run did (make's rule:
@@ -159,6 +183,12 @@ class Lab:
                     rec = self.run(dep, wait=True, out=out, follow=follow)
                     if rec["state"] != "completed":
                         return rec
+        for dep in stage.depends_on:  # the data it reads from other hosts comes first (cheap when there)
+            transfer = self.cfg.stage(dep).transfer
+            if transfer is not None and (self.latest(transfer.producer) or {}).get("state") == "completed":
+                rec = self.run(dep, wait=True, out=out, follow=False)
+                if rec["state"] != "completed":
+                    return rec
         self._check_dependencies(stage)
         lock = FileLock(str(self.cfg.logs_dir / "locks" / f"stage-{name}.lock"))
         (self.cfg.logs_dir / "locks").mkdir(parents=True, exist_ok=True)
@@ -167,7 +197,10 @@ class Lab:
             action, reason, latest = self.decide(name, force)
             if action == "skip":
                 print(f"lab: {reason}", file=out)
-                return latest
+                # a transfer may be up to date without a run (the data was there already)
+                if latest and latest["state"] == "completed":
+                    return latest
+                return {"id": None, "stage": name, "host": stage.host, "state": "completed"}
             if action == "hold":
                 raise StageError(f"{name}: not run: {reason}")
             if action == "attach":
@@ -179,7 +212,8 @@ class Lab:
                 self._free_gpus_for(stage, out=out)
                 spec = self.launch_spec(stage)
                 spec["fingerprint"] = self.fingerprint(stage, spec)
-                preflight.before_launch(self, stage, spec)  # a failed check raises StageError naming it
+                if stage.transfer is None:  # a transfer checks its own source and the room where it goes
+                    preflight.before_launch(self, stage, spec)  # a failed check raises StageError naming it
                 print(f"lab: starting {name} on {stage.host} ({reason})", file=out)
                 meta = self.executor(stage.host).launch(spec)
                 rec = self._record_launch(meta, spec)
@@ -391,6 +425,14 @@ def checked_report(host: str, report: dict) -> dict:
             bad.append({"run_dir": r.get("run_dir") if isinstance(r, dict) else None, "error": str(e)})
     rep.update(runs=runs, bad_runs=bad)
     return rep
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
 
 
 def _end_detail(rec: dict) -> str:

@@ -178,11 +178,13 @@ def check_gpus(need: int, mem_mib: float | None, gpus: list[dict] | None, host: 
                  "stop what holds the GPUs (`lab status` shows services; zombie children show as orphans)")
 
 
-def check_inputs(digest: dict[str, str]) -> Check:
+def check_inputs(digest: dict[str, str], where: dict[str, str] | None = None) -> Check:
+    """where: for a missing input, where it actually is (which stage makes it, on which host)."""
     missing = [p for p, d in digest.items() if d == "missing"]
     if missing:
+        hints = [where[p] for p in missing if (where or {}).get(p)]
         return Check("inputs", False, f"missing on the host: {', '.join(missing)}",
-                     "run the stages that make them first (`lab run STAGE --deps`)")
+                     "; ".join(hints) or "run the stages that make them first (`lab run STAGE --deps`)")
     return Check("inputs", True, f"{len(digest)} input(s) present" if digest else "no inputs declared")
 
 
@@ -226,12 +228,39 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
         from eaglelab.config import slurm_options
         opts = spec.get("slurm") or slurm_options(host, stage)
         checks.extend(slurm_preflight.checks(ex.slurm_facts(), opts, stage.host))
-        checks.append(check_inputs(facts.get("inputs") or {}))
+        checks.append(check_inputs(facts.get("inputs") or {}, input_origins(lab, stage, spec["inputs"])))
         return checks
     checks.append(check_gpus(stage.gpus, float(mem) if mem not in (None, "") else None, facts.get("gpus"),
                              stage.host, float(util) if util not in (None, "") else None))
-    checks.append(check_inputs(facts.get("inputs") or {}))
+    checks.append(check_inputs(facts.get("inputs") or {}, input_origins(lab, stage, spec["inputs"])))
     return checks
+
+
+def input_origins(lab, stage: StageConfig, inputs: list[str]) -> dict[str, str]:
+    """For each input some stage writes: where it is made, and how it gets to this stage's host."""
+    from eaglelab import placement
+    out = {}
+    for path in inputs:
+        for name, s in lab.cfg.stages.items():
+            if s.kind != "job" or name == stage.name:
+                continue
+            outs = [lab.cfg.render(s, o, lab.cfg.vars_for(s)) for o in s.outputs]
+            if not any(placement.under(path, o) for o in outs):
+                continue
+            move = next((d for d in stage.depends_on if (lab.cfg.stage(d).transfer or None) is not None
+                         and lab.cfg.stage(d).transfer.producer == name), None)
+            if s.host == stage.host:
+                out[path] = f"{path} is made by stage {name!r} on this host: `lab run {name}`"
+            elif move:
+                out[path] = (f"{path} is made by stage {name!r} on {s.host!r} and moved here by "
+                             f"`lab run {move}` (after {name})")
+            else:
+                fs = placement.filesystems(lab.cfg.host(s.host), path) & placement.filesystems(lab.cfg.host(stage.host), path)
+                out[path] = (f"{path} is made by stage {name!r} on {s.host!r}, on filesystem {sorted(fs)[0]!r} "
+                             f"that {s.host} and {stage.host} declare shared: run {name}, or check the mount on "
+                             f"{stage.host}" if fs else f"{path} is made by stage {name!r} on {s.host!r}")
+            break
+    return out
 
 
 def before_launch(lab, stage: StageConfig, spec: dict) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from eaglelab.fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
 from eaglelab.model import BadRecord, Exit, Meta, check, decide_end, signal_text
-from . import hostfacts
+from . import hostfacts, machine
 from .jobwrap import group_alive
 from .machine import free_disk, gpus, inputs_digest, mark_gpu_holders
 from .tail.run import RunFollower, run_state
@@ -401,6 +401,7 @@ def ready(work_dir: str, run_id: str, url: str | None, log_regex: str | None) ->
 
 VERBS = {
     "inputs_digest": lambda a: inputs_digest(a["paths"], a.get("cwd", ".")),
+    "paths_info": lambda a: machine.paths_info(a["paths"], a.get("cwd", ".")),
     "launch": lambda a: launch(a["work_dir"], a["spec"]),
     "report": lambda a: report(a["work_dir"], a.get("stage")),
     "ready": lambda a: ready(a["work_dir"], a["run_id"], a.get("url"), a.get("log_regex")),

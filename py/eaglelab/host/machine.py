@@ -94,3 +94,44 @@ def free_disk(path: str | os.PathLike) -> int:
     while not p.exists():
         p = p.parent
     return shutil.disk_usage(p).free
+
+
+CONTENT_HASH_BUDGET = 256 * 1024 * 1024  # bytes of small files a content key hashes at most
+
+
+def paths_info(paths: list[str], cwd: str = ".") -> dict[str, dict]:
+    """What a transfer needs to know of each path, here: present?, a directory?, bytes, files, a
+    content key equal on two hosts exactly when they hold the same data (a stage's manifest.json
+    when it wrote one, else names + sizes + sha256 of the small files: never mtimes, which a copy
+    may not keep), what is wrong against the manifest, and the free disk where it goes."""
+    from eaglelab import manifest  # host-safe: no pydantic
+    out = {}
+    for p in paths:
+        path = Path(cwd, p).expanduser()
+        info: dict = {"exists": path.exists(), "is_dir": path.is_dir(), "bytes": 0, "files": 0,
+                      "free_bytes": free_disk(path), "problems": []}
+        if path.is_file():
+            files = [path]
+        elif path.is_dir():
+            files = sorted(f for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+        else:
+            files = []
+        h, budget = hashlib.sha256(), CONTENT_HASH_BUDGET
+        doc = manifest.read(path) if path.is_dir() else None
+        for f in files:
+            size = f.stat().st_size
+            info["bytes"] += size
+            info["files"] += 1
+            rel = "." if f == path else str(f.relative_to(path))
+            entry = f"{rel}\0{size}"
+            if doc is None and size <= manifest.HASH_LIMIT and budget >= size:
+                entry += "\0" + manifest.sha256_file(f)
+                budget -= size
+            h.update(entry.encode() + b"\n")
+        if doc is not None:  # the manifest speaks for the files it lists (and their sizes are checked)
+            info["key"] = "manifest:" + hashlib.sha256((path / manifest.NAME).read_bytes()).hexdigest()[:16]
+            info["problems"] = manifest.problems(path, doc)
+        else:
+            info["key"] = "files:" + h.hexdigest()[:16] if files else "missing"
+        out[p] = info
+    return out

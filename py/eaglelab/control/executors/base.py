@@ -59,6 +59,15 @@ class Executor(abc.ABC):
         """hostside.inputs_digest, computed on the host."""
 
     @abc.abstractmethod
+    def paths_info(self, paths: list[str], cwd: str) -> dict[str, dict]:
+        """machine.paths_info, computed on the host (what a transfer moves and checks)."""
+
+    def rsync_target(self, path: str) -> tuple[list[str] | None, str]:
+        """(the ssh command rsync reaches this host with, or None for this machine; the path as rsync
+        names it): `rsync -e SSH SRC TARGET`."""
+        return None, self.host_path(path)
+
+    @abc.abstractmethod
     def ready(self, run_id: str, url: str | None, log_regex: str | None) -> bool:
         """hostside.ready: the service's readiness, asked on its host."""
 

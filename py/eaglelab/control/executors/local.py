@@ -25,6 +25,12 @@ class LocalExecutor(Executor):
     def inputs_digest(self, paths: list[str], cwd: str) -> dict[str, str]:
         return machine.inputs_digest(paths, cwd)
 
+    def paths_info(self, paths: list[str], cwd: str) -> dict[str, dict]:
+        return machine.paths_info(paths, cwd)
+
+    def host_path(self, p: str) -> str:
+        return os.path.expanduser(super().host_path(p))
+
     def launch(self, spec: dict) -> dict:
         return hostside.launch(self.work_dir, {**spec, "python": spec.get("python") or self.python})
 

@@ -78,6 +78,12 @@ class SlurmExecutor(Executor):
     def inputs_digest(self, paths: list[str], cwd: str) -> dict[str, str]:
         return self.login.inputs_digest(paths, cwd)
 
+    def paths_info(self, paths: list[str], cwd: str) -> dict[str, dict]:
+        return self.login.paths_info(paths, cwd)
+
+    def rsync_target(self, path: str) -> tuple[list[str] | None, str]:
+        return self.login.rsync_target(path)
+
     def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         return self.login.read_log(run_id, offset, limit)
 

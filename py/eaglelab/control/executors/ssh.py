@@ -208,6 +208,12 @@ class SshExecutor(Executor):
     def inputs_digest(self, paths: list[str], cwd: str) -> dict[str, str]:
         return self.call("inputs_digest", {"paths": paths, "cwd": cwd})
 
+    def paths_info(self, paths: list[str], cwd: str) -> dict[str, dict]:
+        return self.call("paths_info", {"paths": paths, "cwd": cwd}, timeout=max(self.ssh.command_timeout_s, 600))
+
+    def rsync_target(self, path: str) -> tuple[list[str] | None, str]:
+        return self.ssh_argv(), f"{self.ssh.host}:{self.host_path(path)}"
+
     def launch(self, spec: dict) -> dict:
         spec = {**spec, "python": spec.get("python") or self.python, "cwd": spec.get("cwd") or self.repo_dir()}
         spec.pop("inputs", None), spec.pop("outputs", None)

@@ -1,0 +1,185 @@
+"""Data placement across real hosts (the namespaced ssh lab, tests/testlab.py): each host has its own
+checkout and its own data/; a stage's outputs move to the hosts of the stages that read them, are
+verified there, resume after a cut link; hosts that declare a shared path move nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = str(REPO / "tests" / "fixtures" / "stages" / "make_data.py")
+
+
+def checkouts(sshlab, shared_data: Path | None = None) -> str:
+    """A checkout per host (its code linked to this repo's, its own data/ unless shared_data)."""
+    name = f"eaglelab-{sshlab.root.name}"
+    for h in sshlab.net.hosts:
+        d = sshlab.net.home(h) / name
+        d.mkdir(parents=True, exist_ok=True)
+        for part in ("py", "status_web"):
+            if not (d / part).exists():
+                (d / part).symlink_to(REPO / part)
+        if shared_data is not None and not (d / "data").exists():
+            (d / "data").symlink_to(shared_data)
+    return f"~/{name}"
+
+
+def data_on(sshlab, host: str, repo: str, path: str) -> Path:
+    return sshlab.net.home(host) / repo[2:] / path
+
+
+def stages(mb: int = 1) -> dict:
+    make = ["${python}", SCRIPT, "make", "data/made", "--mb", str(mb), "--seed", "${seed}"]
+    use = lambda h: {"host": h, "depends_on": ["make"], "inputs": ["data/made"],  # noqa: E731
+                     "outputs": [f"data/used-{h}.txt"],
+                     "command": ["${python}", SCRIPT, "check", "data/made", f"data/used-{h}.txt"]}
+    return {"make": {"host": "h1", "command": make, "outputs": ["data/made"]}, "use2": use("h2"), "use3": use("h3")}
+
+
+def write(sshlab, repo: str, mb: int = 1, seed: int = 1, host_extra: dict | None = None,
+          lab_extra: dict | None = None) -> None:
+    sshlab.write(stages(mb), vars={"seed": str(seed)}, extra_host={"repo_dir": repo, **(host_extra or {})})
+    if lab_extra:
+        lab_file = sshlab.conf / "lab.yaml"
+        lab_file.write_text(yaml.safe_dump({**yaml.safe_load(lab_file.read_text()), **lab_extra}))
+
+
+def plan(sshlab) -> dict[str, dict]:
+    return {s["stage"]: s for s in json.loads(sshlab.lab("plan", "--json").stdout)["steps"]}
+
+
+def test_outputs_move_to_the_readers_hosts_verified_and_once(sshlab):
+    repo = checkouts(sshlab)
+    write(sshlab, repo)
+    steps = plan(sshlab)
+    assert list(steps) == ["make", "move-make-to-h2", "use2", "move-make-to-h3", "use3"], steps
+    assert "once make has made it" in steps["move-make-to-h2"]["reason"], steps
+    assert "through the controller" in steps["move-make-to-h2"]["reason"]
+
+    p = sshlab.lab("pipeline", "--no-notify", timeout=300)
+    assert "lab transfer: moved" in p.stdout and "verified on h2" in p.stdout, p.stdout
+    src = data_on(sshlab, "h1", repo, "data/made")
+    for h in ("h2", "h3"):
+        copy = data_on(sshlab, h, repo, "data/made")
+        assert sorted(f.name for f in copy.iterdir()) == sorted(f.name for f in src.iterdir())
+        assert all((copy / f.name).read_bytes() == f.read_bytes() for f in src.iterdir())
+        assert "read data/made" in data_on(sshlab, h, repo, f"data/used-{h}.txt").read_text()
+    status = sshlab.status()
+    moved = [r for r in status["runs"] if r["stage"].startswith("move-")]
+    assert {r["stage"] for r in moved} == {"move-make-to-h2", "move-make-to-h3"}
+    assert all(r["state"] == "completed" and r["host"] == "controller" for r in moved), moved
+
+    again = plan(sshlab)  # nothing changed: the copies are the source's, nothing runs
+    assert all(s["action"] == "skip" for s in again.values()), again
+    assert "already on h2" in again["move-make-to-h2"]["reason"]
+
+    (data_on(sshlab, "h2", repo, "data/made") / "shard-0.bin").write_bytes(b"damaged")  # a copy gone bad
+    steps = plan(sshlab)
+    assert steps["move-make-to-h2"]["action"] == "run" and steps["move-make-to-h3"]["action"] == "skip", steps
+    assert "(1.0 MiB, 6 files)" in steps["move-make-to-h2"]["reason"], steps  # the size, before anything moves
+
+    write(sshlab, repo, seed=2)  # the producer reruns: its outputs move again, the readers rerun
+    sshlab.lab("pipeline", "--no-notify", timeout=300)
+    assert (data_on(sshlab, "h3", repo, "data/made") / "notes.txt").read_text() == "seed 2\n"
+
+
+def test_a_declared_shared_path_moves_nothing(sshlab, tmp_path):
+    common = tmp_path / "labfs"
+    common.mkdir()
+    repo = checkouts(sshlab, shared_data=common)
+    write(sshlab, repo, host_extra={"shared": {"data": "labfs"}})
+    steps = plan(sshlab)
+    assert list(steps) == ["make", "use2", "use3"], steps
+    p = sshlab.lab("pipeline", "--no-notify", timeout=300)
+    assert "lab transfer" not in p.stdout
+    assert (common / "used-h2.txt").is_file() and (common / "used-h3.txt").is_file()
+
+
+def test_preflight_names_where_a_missing_input_is(sshlab, tmp_path):
+    """Declared shared but not mounted on h2: the advice names the producer, its host and the mount."""
+    repo = checkouts(sshlab)
+    write(sshlab, repo, host_extra={"shared": {"data": "labfs"}})
+    sshlab.lab("run", "make")
+    p = sshlab.lab("run", "use2", check=False)
+    assert p.returncode != 0
+    err = p.stdout + p.stderr
+    assert "made by stage 'make' on 'h1'" in err and "check the mount on h2" in err, err
+
+
+def test_a_cut_link_mid_transfer_is_retried_and_resumes(sshlab):
+    repo = checkouts(sshlab)
+    write(sshlab, repo, mb=12, lab_extra={"transfers": {"bwlimit": "1500", "retries": 8, "retry_wait_s": 2}})
+    sshlab.lab("run", "make")
+    proc = sshlab.popen("run", "use2", "-q", stdout=open(sshlab.root / "run.out", "w"), stderr=open(sshlab.root / "run.err", "w"))
+    try:
+        run = wait_for(lambda: next((r for r in sshlab.status()["runs"] if r["stage"] == "move-make-to-h2"), None), 60)
+        log = Path(run["run_dir"]) / "output.log"
+        wait_for(lambda: log.is_file() and b"Moving" in log.read_bytes(), 60)
+        time.sleep(3)
+        sshlab.net.cut("h1")  # the first leg comes from h1
+        time.sleep(6)
+        sshlab.net.restore("h1")
+        assert proc.wait(timeout=240) == 0, (sshlab.root / "run.err").read_text()
+    finally:
+        sshlab.net.restore("h1")
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text(errors="replace")
+    assert "retry 1/8" in text and "verified on h2" in text, text[-3000:]
+    assert "read data/made" in data_on(sshlab, "h2", repo, "data/used-h2.txt").read_text()
+
+
+def test_direct_to_moves_host_to_host(sshlab):
+    """h1 reaches h2 with its own key: rsync runs on h1, nothing is staged on the controller."""
+    repo = checkouts(sshlab)
+    ssh_dir = sshlab.net.home("h1") / ".ssh"
+    ssh_dir.mkdir(exist_ok=True)
+    key = ssh_dir / "id_lab"
+    key.write_bytes(sshlab.net.key.read_bytes())
+    key.chmod(0o600)
+    (ssh_dir / "config").write_text(f"Host h2\n  HostName {sshlab.net.hosts['h2']}\n  User root\n"
+                                    f"  IdentityFile {key}\n  StrictHostKeyChecking no\n"
+                                    f"  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+    sshlab.write({k: v for k, v in stages().items() if k != "use3"}, vars={"seed": "1"},
+                 extra_host={"repo_dir": repo})
+    lab_file = sshlab.conf / "lab.yaml"
+    doc = yaml.safe_load(lab_file.read_text())
+    doc["hosts"]["h1"]["direct_to"] = ["h2"]
+    lab_file.write_text(yaml.safe_dump(doc))
+    assert "host to host" in plan(sshlab)["move-make-to-h2"]["reason"]
+    sshlab.lab("run", "make")
+    sshlab.lab("run", "use2")
+    assert "lab transfer: host to host" in _transfer_log(sshlab)
+    assert not (sshlab.logs / "transfers").exists()
+    assert "read data/made" in data_on(sshlab, "h2", repo, "data/used-h2.txt").read_text()
+
+
+def _transfer_log(sshlab) -> str:
+    run = next(r for r in sshlab.status()["runs"] if r["stage"].startswith("move-"))
+    return (Path(run["run_dir"]) / "output.log").read_text(errors="replace")
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"placement": {"nosuch": "h1"}}, "placement.nosuch: no stage"),
+    ({"placement": {"use2": "h9"}}, "placement.use2 = 'h9': no such host"),
+])
+def test_placement_errors_name_lab_yaml(sshlab, bad, message):
+    repo = checkouts(sshlab)
+    write(sshlab, repo, lab_extra=bad)
+    p = sshlab.lab("plan", check=False)
+    write(sshlab, repo)  # a valid config again, for the fixture's cleanup
+    assert p.returncode != 0 and message in p.stderr and "lab.yaml" in p.stderr, p.stderr
+
+
+def test_placement_in_lab_yaml_moves_a_stage_and_its_transfers(sshlab):
+    repo = checkouts(sshlab)
+    write(sshlab, repo, lab_extra={"placement": {"use3": "h1"}})  # beside its producer: nothing moves
+    steps = plan(sshlab)
+    assert "move-make-to-h3" not in steps and steps["use3"]["host"] == "h1", steps
