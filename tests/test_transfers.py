@@ -122,7 +122,11 @@ def test_a_cut_link_mid_transfer_is_retried_and_resumes(sshlab):
         run = wait_for(lambda: next((r for r in sshlab.status()["runs"] if r["stage"] == "move-make-to-h2"), None), 60)
         log = Path(run["run_dir"]) / "output.log"
         wait_for(lambda: log.is_file() and b"Moving" in log.read_bytes(), 60)
-        time.sleep(3)
+        # the page and `lab status` see the transfer as any run: a byte count with an ETA
+        live = wait_for(lambda: next((r for r in sshlab.status()["runs"] if r["id"] == run["id"]
+                                      and (r.get("log_state") or {}).get("progress")
+                                      and (r.get("eta") or {}).get("eta_s") is not None), None), 30)
+        assert live["log_state"]["progress"]["total"] > 12e6, live["log_state"]["progress"]
         sshlab.net.cut("h1")  # the first leg comes from h1
         time.sleep(6)
         sshlab.net.restore("h1")
@@ -183,3 +187,26 @@ def test_placement_in_lab_yaml_moves_a_stage_and_its_transfers(sshlab):
     write(sshlab, repo, lab_extra={"placement": {"use3": "h1"}})  # beside its producer: nothing moves
     steps = plan(sshlab)
     assert "move-make-to-h3" not in steps and steps["use3"]["host"] == "h1", steps
+
+
+def test_a_transfer_that_would_fill_the_receiving_disk_stops_before_moving(sshlab, tiny_disk, tmp_path):
+    """The controller as the receiving host, its data/ on a 512 KiB disk: refused with the figures."""
+    repo = checkouts(sshlab)
+    local_repo = tmp_path / "controller-checkout"
+    local_repo.mkdir()
+    (local_repo / "data").symlink_to(tiny_disk)
+    sshlab.write({"make": stages()["make"],
+                  "use": {"host": "here", "depends_on": ["make"], "inputs": ["data/made"],
+                          "command": ["${python}", SCRIPT, "check", "data/made", "data/used.txt"]}},
+                 vars={"seed": "1"}, hosts=["h1"], extra_host={"repo_dir": repo})
+    lab_file = sshlab.conf / "lab.yaml"
+    doc = yaml.safe_load(lab_file.read_text())
+    doc["hosts"]["here"] = {"reach": "local", "repo_dir": str(local_repo), "work_dir": str(tmp_path / "work"),
+                            "python": __import__("sys").executable}
+    lab_file.write_text(yaml.safe_dump(doc))
+    sshlab.lab("run", "make")
+    p = sshlab.lab("run", "use", check=False)
+    assert p.returncode != 0
+    log = _transfer_log(sshlab)
+    assert "host 'here' has" in log and "bytes free where data/made go" in log and "needs 1,04" in log, log
+    assert "one leg" not in log and not any(tiny_disk.iterdir())  # nothing was written
