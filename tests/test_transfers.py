@@ -76,6 +76,10 @@ def test_outputs_move_to_the_readers_hosts_verified_and_once(sshlab):
     assert {r["stage"] for r in moved} == {"move-make-to-h2", "move-make-to-h3"}
     assert all(r["state"] == "completed" and r["host"] == "controller" for r in moved), moved
 
+    summary = {s["stage"]: s for s in json.loads(sshlab.lab("summary", "--json").stdout)["stages"]}
+    made = json.loads((src / "manifest.json").read_text())
+    assert summary["make"]["outputs"][0]["bytes"] == made["total_bytes"] > 0, summary["make"]  # read on h1
+
     again = plan(sshlab)  # nothing changed: the copies are the source's, nothing runs
     assert all(s["action"] == "skip" for s in again.values()), again
     assert "already on h2" in again["move-make-to-h2"]["reason"]

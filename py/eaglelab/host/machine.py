@@ -135,3 +135,14 @@ def paths_info(paths: list[str], cwd: str = ".") -> dict[str, dict]:
             info["key"] = "files:" + h.hexdigest()[:16] if files else "missing"
         out[p] = info
     return out
+
+
+def read_manifests(paths: list[str], cwd: str = ".") -> dict[str, dict | None]:
+    """The manifest.json of each output directory here (what `lab summary` shows), None if absent."""
+    from eaglelab import manifest
+    out: dict[str, dict | None] = {}
+    for p in paths:
+        path = Path(cwd, p).expanduser()
+        doc = manifest.read(path) if path.is_dir() else None
+        out[p] = {k: doc.get(k) for k in ("stage", "counts", "total_bytes", "extra", "created_at")} if doc else None
+    return out

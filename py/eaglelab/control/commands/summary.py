@@ -4,11 +4,11 @@ figures (vocab coverage, acceptance, speedup, verdict) from the manifests the st
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
 import click
 
-from eaglelab.fsutil import read_json
+from eaglelab.errors import EaglelabError
 from ..lab import Lab
 from ..render import fmt_duration
 
@@ -18,19 +18,44 @@ HEADLINE = (("coverage", "vocab coverage", "{:.1%}"), ("acceptance_rate", "accep
             ("speedup", "speedup vs no speculation", "{:.2f}x"), ("verdict", "verdict", "{}"))
 
 
+def read_manifests(lab: Lab, names: list[str]) -> dict[str, dict[str, dict | None]]:
+    """{stage: {output: manifest}}, each read on the stage's own host (one call per host, in parallel);
+    a host that does not answer gives no manifests (and says so on stderr), not an error."""
+    by_host: dict[str, list[str]] = {}
+    for n in names:
+        by_host.setdefault(lab.cfg.stage(n).host, []).append(n)
+
+    def on_host(host: str) -> dict:
+        ex, found = lab.executor(host), {}
+        specs = {n: lab.launch_spec(lab.cfg.stage(n)) for n in by_host[host]}
+        paths = sorted({o for s in specs.values() for o in s["outputs"]})
+        try:
+            docs = ex.manifests(paths, ex.repo_dir()) if paths else {}
+        except EaglelabError as e:
+            click.echo(f"lab summary: no manifests from {host}: {e}", err=True)
+            docs = {}
+        for n, s in specs.items():
+            found[n] = {o: docs.get(o) for o in s["outputs"]}
+        return found
+
+    out: dict = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(by_host)))) as pool:
+        for part in pool.map(on_host, by_host):
+            out.update(part)
+    return out
+
+
 def summarize(lab: Lab) -> dict:
-    """Per job stage: latest run, state, duration, output manifests; plus the headline figures."""
+    """Per job stage: latest run, state, duration, output manifests (read where they are); plus the
+    headline figures."""
     stages, headline = [], {}
-    for name in lab.cfg.stage_order():
+    names = [n for n in lab.cfg.stage_order() if lab.cfg.stage(n).kind == "job"]
+    docs = read_manifests(lab, names)
+    for name in names:
         stage = lab.cfg.stage(name)
-        if stage.kind != "job":
-            continue
         run = lab.latest(name) or {}
-        spec = lab.launch_spec(stage)
         outputs = []
-        for out in spec["outputs"]:
-            path = Path(spec["cwd"], out) if lab.cfg.host(stage.host).reach == "local" else None
-            manifest = read_json(path / "manifest.json") if path is not None and path.is_dir() else None
+        for out, manifest in docs.get(name, {}).items():
             outputs.append({"path": out, "counts": (manifest or {}).get("counts"),
                             "bytes": (manifest or {}).get("total_bytes")})
             for key, *_ in HEADLINE:

@@ -62,6 +62,11 @@ class Executor(abc.ABC):
     def paths_info(self, paths: list[str], cwd: str) -> dict[str, dict]:
         """machine.paths_info, computed on the host (what a transfer moves and checks)."""
 
+    def manifests(self, paths: list[str], cwd: str) -> dict[str, dict | None]:
+        """machine.read_manifests on the host: the outputs' manifests where they were written."""
+        from eaglelab.host import machine
+        return machine.read_manifests(paths, cwd)
+
     def rsync_target(self, path: str) -> tuple[list[str] | None, str]:
         """(the ssh command rsync reaches this host with, or None for this machine; the path as rsync
         names it): `rsync -e SSH SRC TARGET`."""

@@ -81,6 +81,9 @@ class SlurmExecutor(Executor):
     def paths_info(self, paths: list[str], cwd: str) -> dict[str, dict]:
         return self.login.paths_info(paths, cwd)
 
+    def manifests(self, paths: list[str], cwd: str) -> dict[str, dict | None]:
+        return self.login.manifests(paths, cwd)
+
     def rsync_target(self, path: str) -> tuple[list[str] | None, str]:
         return self.login.rsync_target(path)
 

@@ -211,6 +211,9 @@ class SshExecutor(Executor):
     def paths_info(self, paths: list[str], cwd: str) -> dict[str, dict]:
         return self.call("paths_info", {"paths": paths, "cwd": cwd}, timeout=max(self.ssh.command_timeout_s, 600))
 
+    def manifests(self, paths: list[str], cwd: str) -> dict[str, dict | None]:
+        return self.call("manifests", {"paths": paths, "cwd": cwd})
+
     def rsync_target(self, path: str) -> tuple[list[str] | None, str]:
         return self.ssh_argv(), f"{self.ssh.host}:{self.host_path(path)}"
 
