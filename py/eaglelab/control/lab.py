@@ -173,7 +173,7 @@ class Lab:
         return None
 
     def run(self, name: str, *, force: bool = False, deps: bool = False, wait: bool = True,
-            out: TextIO | None = None, follow: bool = True) -> dict:
+            out: TextIO | None = None, follow: bool = True, reap: bool = True) -> dict:
         """Run (or attach to, or skip) one stage; with wait, until it ends. The run record."""
         out = out or sys.stdout
         stage = self.cfg.stage(name)
@@ -222,7 +222,11 @@ class Lab:
                 self.wait_ready(stage, rec, out=out)
             print(f"lab: {rec['id']} {rec['state']}; follow with `lab logs -f {rec['id']}`", file=out)
             return rec
-        return self.wait(rec, out=out if follow else None)
+        final = self.wait(rec, out=out if follow else None)
+        if reap and stage.needs:  # its services may be idle now: stopped after their keep-alive
+            from . import services
+            services.schedule_reap(self)
+        return final
 
     def _record_launch(self, meta: dict, spec: dict) -> dict:
         try:
@@ -362,29 +366,31 @@ class Lab:
         complete; services are stopped however it ends (Ctrl-C included) unless keep_services.
         `lab pipeline` and a cron firing both call this."""
         result = PipelineResult()
+        jobs = [n for n in self.cfg.stage_order() if self.cfg.stage(n).kind == "job"]
         try:
-            for name in self.cfg.stage_order():
-                if self.cfg.stage(name).kind != "job":
-                    continue
+            for i, name in enumerate(jobs):
                 try:
-                    rec = self.run(name, force=force, wait=True, follow=follow)
+                    rec = self.run(name, force=force, wait=True, follow=follow, reap=False)
                 except EaglelabError as e:  # could not start (a service died, preflight): a failure too
                     result.error, rec = e, {"stage": name, "state": "failed", "id": None}
                 result.ran.append({"stage": name, "run": rec.get("id"), "state": rec.get("state")})
                 if rec["state"] != "completed":
                     result.failed = rec
                     break
+                if not keep_services:  # a service no job left in the pipeline needs holds its GPUs for nothing
+                    later = {svc for n in jobs[i + 1:] for svc in self.cfg.stage(n).needs}
+                    self.stop_services(out=out, keep=lambda n: n in later, why="no stage left needs it")
         finally:
             if not keep_services:
                 self.stop_services(out=out)
         return result
 
-    def stop_services(self, out: TextIO, keep: Callable[[str], bool] = lambda n: False) -> None:
+    def stop_services(self, out: TextIO, keep: Callable[[str], bool] = lambda n: False, why: str = "") -> None:
         for name, s in self.cfg.stages.items():
             if s.kind == "service" and not keep(name):
                 latest = self.latest(name)
                 if latest and latest["state"] in ACTIVE:
-                    print(f"lab: stopping service {name} ({latest['id']})", file=out)
+                    print(f"lab: stopping service {name} ({latest['id']}){': ' + why if why else ''}", file=out)
                     self.stop(latest["id"])
 
 

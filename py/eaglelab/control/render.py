@@ -134,6 +134,12 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
     console.print(table)
     for line in slurm_queue_lines(st, runs):
         console.print(line, markup=False, highlight=False)
+    for u in st.get("services") or []:  # idle services hold their host (and its GPUs) for nothing
+        if not u.get("in_use_by"):
+            holds = f"holds {u['gpus']} GPU(s) on {u['host']}" if u.get("gpus") else f"on {u['host']}"
+            console.print(esc(f"service {u['service']} is IDLE ({holds}) for {fmt_duration(u.get('idle_s'))}; "
+                              f"stops at {fmt_clock(u.get('stops_at'))} (keep_alive_s), or `lab stop {u['service']}`"),
+                          style="yellow")
     pipe = st.get("pipeline") or {}
     active = any(r.get("state") in ("running", "pending") and r.get("kind", "job") == "job" for r in runs.values())
     if pipe.get("finish_at") and active:  # once nothing runs, the summary says how it went, not an "ETA"

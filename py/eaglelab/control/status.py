@@ -50,8 +50,9 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
             state = "unreachable"
         stages.append({"name": name, "host": s.host, "kind": s.kind, "depends_on": s.depends_on, "needs": s.needs,
                        "description": s.description, "latest_run": latest["id"] if latest else None, "state": state})
+    from .services import usage
     status = {"schema": SCHEMA, "generated_at": utcnow_iso(now), "profile": lab.cfg.profile,
-              "runs": runs, "hosts": hosts, "stages": stages}
+              "runs": runs, "hosts": hosts, "stages": stages, "services": usage(lab, now)}
     return _annotate_eta(lab, status, now)
 
 

@@ -1,0 +1,73 @@
+"""A service nobody needs any more is stopped: by `lab pipeline` as soon as no stage left needs it,
+and after its keep-alive when `lab run` started it (a detached reaper, so nobody has to watch);
+`lab services` and `lab status` show it idle, with what it holds and when it stops. Real processes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+
+from conftest import wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pipeline(port: int, keep_alive_s: float) -> str:
+    return f"""\
+        stages:
+          svc:
+            kind: service
+            host: local
+            command: ["{sys.executable}", "-m", "http.server", "{port}", "--bind", "127.0.0.1"]
+            ready: {{url: "http://127.0.0.1:{port}/", timeout_s: 30}}
+            keep_alive_s: {keep_alive_s}
+            stop_grace_s: 2
+          client:
+            host: local
+            needs: [svc]
+            command: ["{sys.executable}", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/')"]
+          after:
+            host: local
+            depends_on: [client]
+            command: ["{sys.executable}", "-c", "import time; time.sleep(3)"]
+        """
+
+
+def svc_state(tmplab) -> str:
+    return tmplab.runs("svc")[-1]["state"]
+
+
+def test_lab_run_leaves_a_reaper_that_stops_the_idle_service_after_its_keep_alive(tmplab):
+    tmplab.write_pipeline(pipeline(free_port(), keep_alive_s=8))
+    tmplab.lab("run", "client")
+    rows = json.loads(tmplab.lab("services", "--json").stdout)["services"]
+    assert len(rows) == 1 and rows[0]["in_use_by"] == [] and 0 < rows[0]["stops_in_s"] <= 8, rows
+    text = tmplab.lab("status").stdout
+    assert "service svc is IDLE" in text, text
+    assert "IDLE for" in tmplab.lab("services").stdout
+    assert svc_state(tmplab) == "running"  # kept alive: the next client would find it up
+    wait_for(lambda: svc_state(tmplab) != "running", timeout=60, interval=1)
+    assert svc_state(tmplab) == "killed", tmplab.runs("svc")  # stopped on request (TERM)
+    log = (tmplab.logs / "services-reap.log").read_text()
+    assert "stopping service svc" in log and "keep_alive_s 8" in log, log
+
+
+def test_services_reap_stops_a_service_idle_past_its_keep_alive(tmplab):
+    tmplab.write_pipeline(pipeline(free_port(), keep_alive_s=0))
+    tmplab.lab("run", "svc")  # started by hand: idle from its start, and zero keep-alive
+    assert "stopping service svc" in tmplab.lab("services", "--reap").stdout
+    assert svc_state(tmplab) != "running"
+
+
+def test_pipeline_stops_a_service_once_no_stage_left_needs_it(tmplab):
+    tmplab.write_pipeline(pipeline(free_port(), keep_alive_s=3600))
+    p = tmplab.lab("pipeline", "--no-notify")
+    out = p.stdout
+    stop_at = out.index("stopping service svc")
+    assert "no stage left needs it" in out[stop_at:stop_at + 200]
+    assert stop_at < out.index("starting after"), out  # before the next stage, not at the very end
