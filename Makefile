@@ -64,6 +64,10 @@ status: $(VENV)/.installed  ## one screen: every host, stage, progress, ETA
 demo: setup  ## the whole pipeline on the tiny demo model, on this machine, with the status page
 	bin/demo
 
+.PHONY: demo-spread
+demo-spread: setup  ## the demo pipeline over three ssh hosts made here (namespaces + sshd; root), no shared disk
+	$(VENV)/bin/python bin/demo-spread
+
 .PHONY: test
 test: setup  ## run every test (installs what they need first)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

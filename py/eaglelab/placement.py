@@ -63,7 +63,10 @@ def needed(cfg) -> list[Transfer]:
     outputs = {n: _rendered(cfg, s, s.outputs) for n, s in cfg.stages.items() if s.kind == "job" and s.outputs}
     moves: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
     for reader_name, reader in cfg.stages.items():
-        for path in _rendered(cfg, reader, reader.inputs):
+        # declared inputs, and any argument naming another stage's output (an input left undeclared
+        # is still read: the train stage once failed on h3 for want of the model's config.json)
+        args = [a for a in _rendered(cfg, reader, reader.command) if not a.startswith("-")]
+        for path in dict.fromkeys(_rendered(cfg, reader, reader.inputs) + args):
             for producer, outs in outputs.items():
                 if producer == reader_name:
                     continue

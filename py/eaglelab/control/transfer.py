@@ -15,6 +15,8 @@ files it lists at their sizes), or the same names, sizes and small-file hashes.
 
 from __future__ import annotations
 
+import hashlib
+import posixpath
 import re
 import shlex
 import subprocess
@@ -50,7 +52,8 @@ def plan_legs(t, src: Executor, dst: Executor, path: str, is_dir: bool, staging:
     if t.dst in src.host.direct_to:  # the source pushes to the destination itself, with its own ssh
         dest = f"{t.dst}:{dst.host_path(path)}"  # `ssh DST` as the source's own ssh config names it
         return [Leg(src.host_path(path) + slash, dest + slash, ["ssh", "-o", "BatchMode=yes"], via=src)]
-    stage_copy = str(staging / path.lstrip("/~").lstrip("/"))
+    # one folder per path, named by its hash: a `..` in the path cannot climb out of the staging area
+    stage_copy = str(staging / hashlib.sha256(path.encode()).hexdigest()[:12] / posixpath.basename(path.rstrip("/")))
     return [Leg(src_spec + slash, stage_copy + slash, src_rsh), Leg(stage_copy + slash, dst_spec + slash, dst_rsh)]
 
 
