@@ -69,6 +69,12 @@ def test_a_local_host_runs_the_transfers_and_names_are_checked(tmp_path):
 
 def test_an_argument_naming_another_stages_output_is_moved_even_if_undeclared(tmp_path):
     stages = {"a": STAGES["a"], "e": {"host": "h2", "command": ["prog", "--model", "${data}/a", "--out", "${data}/e"],
-                                      "outputs": ["${data}/e"]}}
+                                      "outputs": ["${data}/e"], "depends_on": ["a"]}}
     cfg = load(tmp_path, {"h1": {}, "h2": {}}, stages)
     assert cfg.stage("move-a-to-h2").transfer.paths == ("data/x/a",)
+    # not upstream (or the reader's own output, inside another's): no transfer, and so no cycle
+    stages = {"out": {"host": "h1", "command": ["true"], "outputs": ["${data}/eval"], "depends_on": ["base"]},
+              "base": {"host": "h2", "command": ["prog", "--out", "${data}/eval/base.json"],
+                       "outputs": ["${data}/eval/base.json"]}}
+    cfg = load(tmp_path, {"h1": {}, "h2": {}}, stages)
+    assert not [n for n in cfg.stages if n.startswith("move-")]  # loaded: no cycle, nothing moves

@@ -63,12 +63,16 @@ def needed(cfg) -> list[Transfer]:
     outputs = {n: _rendered(cfg, s, s.outputs) for n, s in cfg.stages.items() if s.kind == "job" and s.outputs}
     moves: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
     for reader_name, reader in cfg.stages.items():
-        # declared inputs, and any argument naming another stage's output (an input left undeclared
-        # is still read: the train stage once failed on h3 for want of the model's config.json)
-        args = [a for a in _rendered(cfg, reader, reader.command) if not a.startswith("-")]
-        for path in dict.fromkeys(_rendered(cfg, reader, reader.inputs) + args):
+        # declared inputs, and any argument naming the output of a stage upstream of it (an input
+        # left undeclared is still read: the train stage once failed on h3 for want of config.json)
+        upstream = set(upstream_of(cfg, reader_name))
+        own = outputs.get(reader_name, [])
+        args = [a for a in _rendered(cfg, reader, reader.command)
+                if not a.startswith("-") and not any(under(a, o) for o in own)]
+        declared = _rendered(cfg, reader, reader.inputs)
+        for path in dict.fromkeys(declared + args):
             for producer, outs in outputs.items():
-                if producer == reader_name:
+                if producer == reader_name or (path not in declared and producer not in upstream):
                     continue
                 out = next((o for o in outs if under(path, o)), None)
                 if out is None:
@@ -83,6 +87,18 @@ def needed(cfg) -> list[Transfer]:
                     readers.append(reader_name)
     return [Transfer(p, cfg.stages[p].host, dst, tuple(paths), tuple(readers))
             for (p, dst), (paths, readers) in moves.items()]
+
+
+def upstream_of(cfg, name: str) -> list[str]:
+    """Every stage name reaches through depends_on and needs (not itself)."""
+    seen: list[str] = []
+    todo = list(cfg.stages[name].depends_on + cfg.stages[name].needs)
+    while todo:
+        n = todo.pop()
+        if n not in seen and n in cfg.stages:
+            seen.append(n)
+            todo.extend(cfg.stages[n].depends_on + cfg.stages[n].needs)
+    return seen
 
 
 def controller_host(cfg) -> str:
