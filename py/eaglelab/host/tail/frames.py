@@ -19,18 +19,26 @@ import re
 from collections.abc import Callable
 
 LineSink = Callable[[str, int], None]   # (text, lineno)
+# (lines, shapes, first lineno): a run of complete plain lines at once (LogState.feed_block)
+BlockSink = Callable[[list, list, int], None]
 
 MAX_LINE = 64 * 1024
 SAMPLE_BYTES = 256 * 1024 # in a long run of frames, look at one frame per this many bytes (+ the last)
 SMALL_RUN = 4096          # a run of frames up to this size is handed over whole
+MIN_BLOCK = 2048          # a run of complete lines without \r at least this long goes to on_block
+_DIGITS = b"0123456789"
 # How a tqdm frame ends: `[elapsed<remaining, rate, postfix]` or `[elapsed, rate]`.
 _FRAME_END_RE = re.compile(rb"\[(?:\d+ days?, )?\d+(?::\d\d){1,2}(?:<[^\]]*)?(?:,[^\]]*)?\]$")
 
 
 class FrameSplitter:
     def __init__(self, on_line: LineSink, on_frame: LineSink, max_line: int = MAX_LINE,
-                 sample_bytes: int = SAMPLE_BYTES, on_provisional: LineSink | None = None) -> None:
+                 sample_bytes: int = SAMPLE_BYTES, on_provisional: LineSink | None = None,
+                 on_block: BlockSink | None = None) -> None:
         self.on_line = on_line
+        # Runs of complete lines without \r (a line-heavy log), handed over at once with their
+        # shapes (bytes without digits) for the prefilter; None: every line goes to on_line.
+        self.on_block = on_block
         self.on_frame = on_frame
         self.sample_bytes = sample_bytes  # 0: every frame (e.g. to replay a whole bar history)
         # Live tailing only: the newest tqdm frame, before its terminator comes (it is delivered
@@ -95,6 +103,8 @@ class FrameSplitter:
 
     # Work on offsets into buf: a tqdm "line" is often megabytes of frames, never copied whole.
     def _work(self, buf, a: int, end: int) -> None:
+        if self.on_block is not None:
+            a = self._blocks(buf, a, end)
         find = buf.find
         while True:
             nl = find(b"\n", a, end)
@@ -104,6 +114,52 @@ class FrameSplitter:
             self._line(buf, a, nl)
             a = nl + 1
         self._tail(buf, a, end)
+
+    def _blocks(self, buf, a: int, end: int) -> int:
+        """Hand runs of complete lines without \r in buf[a:end] to on_block, lines with a \r to
+        _line; returns where the complete lines end."""
+        find, rfind = buf.find, buf.rfind
+        last = rfind(b"\n", a, end)
+        while a <= last:
+            r = find(b"\r", a, last)
+            stop = last + 1 if r < 0 else max(a, rfind(b"\n", a, r) + 1)
+            if stop - a >= MIN_BLOCK:
+                self._block(bytes(buf[a:stop]), a, buf)
+            else:
+                self._each_line(buf, a, stop)
+            if r < 0:
+                return last + 1
+            nl = find(b"\n", r, end)  # the line holding the \r
+            self.lines += 1
+            self._line(buf, stop, nl)
+            a = nl + 1
+        return a
+
+    def _block(self, blk: bytes, a: int, buf) -> None:
+        lines = blk.split(b"\n")
+        lines.pop()  # blk ends with its last line's \n
+        ok = max(map(len, lines)) <= self.max_line
+        if ok and not blk.isascii():
+            try:
+                blk.decode("utf-8")
+            except UnicodeDecodeError:
+                ok = False
+        if not ok:  # an over-long line or invalid UTF-8: line by line, which mends and counts them
+            self._each_line(buf, a, a + len(blk))
+            return
+        shapes = blk.translate(None, _DIGITS).split(b"\n")
+        shapes.pop()
+        first = self.lines + 1
+        self.lines += len(lines)
+        self.on_block(lines, shapes, first)
+
+    def _each_line(self, buf, a: int, stop: int) -> None:
+        find = buf.find
+        while a < stop:
+            nl = find(b"\n", a, stop)
+            self.lines += 1
+            self._line(buf, a, nl)
+            a = nl + 1
 
     def flush(self) -> None:
         """At EOF with the writer gone: the partial last line counts as a line."""
