@@ -86,10 +86,10 @@ class LogState:
         except Exception:  # noqa: BLE001 - a garbled line is counted, never fatal
             self.bad_lines += 1
 
-    def feed_block(self, lines: list[bytes], shapes: list[bytes], first: int, now: float | None = None) -> None:
-        """Complete lines numbered from first (valid UTF-8, no \\r, none over-long) and their shapes
-        (the bytes without digits): the same state as feed_line on each, through the prefilter."""
-        prefilter.feed_block(self, lines, shapes, first, now)
+    def feed_block(self, blk: bytes, first: int, max_line: int, now: float | None = None) -> int | None:
+        """blk: complete lines (valid UTF-8, no \\r) numbered from first: the same state as feed_line
+        on each, through the prefilter; returns how many, or None (none fed) if one is over max_line."""
+        return prefilter.feed_block(self, blk, first, max_line, now)
 
     def feed_frame(self, text: str, lineno: int, now: float | None = None) -> None:
         """A \\r-terminated frame of line lineno (a progress bar being redrawn, usually)."""

@@ -19,14 +19,14 @@ import re
 from collections.abc import Callable
 
 LineSink = Callable[[str, int], None]   # (text, lineno)
-# (lines, shapes, first lineno): a run of complete plain lines at once (LogState.feed_block)
-BlockSink = Callable[[list, list, int], None]
+# (bytes, first lineno, max_line) -> lines taken, or None when declined (an over-long line): a run
+# of complete lines without \r at once (LogState.feed_block)
+BlockSink = Callable[[bytes, int, int], "int | None"]
 
 MAX_LINE = 64 * 1024
 SAMPLE_BYTES = 256 * 1024 # in a long run of frames, look at one frame per this many bytes (+ the last)
 SMALL_RUN = 4096          # a run of frames up to this size is handed over whole
 MIN_BLOCK = 2048          # a run of complete lines without \r at least this long goes to on_block
-_DIGITS = b"0123456789"
 # How a tqdm frame ends: `[elapsed<remaining, rate, postfix]` or `[elapsed, rate]`.
 _FRAME_END_RE = re.compile(rb"\[(?:\d+ days?, )?\d+(?::\d\d){1,2}(?:<[^\]]*)?(?:,[^\]]*)?\]$")
 
@@ -36,8 +36,8 @@ class FrameSplitter:
                  sample_bytes: int = SAMPLE_BYTES, on_provisional: LineSink | None = None,
                  on_block: BlockSink | None = None) -> None:
         self.on_line = on_line
-        # Runs of complete lines without \r (a line-heavy log), handed over at once with their
-        # shapes (bytes without digits) for the prefilter; None: every line goes to on_line.
+        # Runs of complete lines without \r (a line-heavy log), handed over at once (for the
+        # prefilter, eaglelab.host.parse.prefilter); None: every line goes to on_line.
         self.on_block = on_block
         self.on_frame = on_frame
         self.sample_bytes = sample_bytes  # 0: every frame (e.g. to replay a whole bar history)
@@ -124,7 +124,7 @@ class FrameSplitter:
             r = find(b"\r", a, last)
             stop = last + 1 if r < 0 else max(a, rfind(b"\n", a, r) + 1)
             if stop - a >= MIN_BLOCK:
-                self._block(bytes(buf[a:stop]), a, buf)
+                self._block(bytes(memoryview(buf)[a:stop]), a, buf)  # one copy (buf may be reused)
             else:
                 self._each_line(buf, a, stop)
             if r < 0:
@@ -136,22 +136,16 @@ class FrameSplitter:
         return a
 
     def _block(self, blk: bytes, a: int, buf) -> None:
-        lines = blk.split(b"\n")
-        lines.pop()  # blk ends with its last line's \n
-        ok = max(map(len, lines)) <= self.max_line
-        if ok and not blk.isascii():
-            try:
-                blk.decode("utf-8")
-            except UnicodeDecodeError:
-                ok = False
-        if not ok:  # an over-long line or invalid UTF-8: line by line, which mends and counts them
+        n = None
+        try:
+            if blk.isascii() or blk.decode("utf-8"):
+                n = self.on_block(blk, self.lines + 1, self.max_line)
+        except UnicodeDecodeError:
+            pass
+        if n is None:  # invalid UTF-8 or an over-long line: line by line, which mends and counts them
             self._each_line(buf, a, a + len(blk))
-            return
-        shapes = blk.translate(None, _DIGITS).split(b"\n")
-        shapes.pop()
-        first = self.lines + 1
-        self.lines += len(lines)
-        self.on_block(lines, shapes, first)
+        else:
+            self.lines += n
 
     def _each_line(self, buf, a: int, stop: int) -> None:
         find = buf.find

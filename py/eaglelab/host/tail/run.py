@@ -75,8 +75,8 @@ class RunFollower:
     def _line(self, text: str, lineno: int) -> None:
         self.state.feed_line(text, lineno, self._now)
 
-    def _block(self, lines: list, shapes: list, first: int) -> None:
-        self.state.feed_block(lines, shapes, first, self._now)
+    def _block(self, blk: bytes, first: int, max_line: int) -> int | None:
+        return self.state.feed_block(blk, first, max_line, self._now)
 
     def _frame(self, text: str, lineno: int) -> None:
         self.state.feed_frame(text, lineno, self._now)
