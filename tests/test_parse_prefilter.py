@@ -132,3 +132,11 @@ def test_a_traceback_among_plain_lines_is_read_whole(every_block):
     assert got == _parse(log, blocks=False)
     assert got["failure"]["reason"] == "disk_full" and got["failure"]["line"] == 44
     assert got["last_line"].startswith("INFO:")
+
+
+def test_over_long_lines_and_bad_utf8_in_a_block_are_mended_and_counted_as_line_by_line(every_block):
+    plain = b'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK\n'
+    log = plain * 30 + b"x" * (frames.MAX_LINE + 10) + b"\n" + plain * 30 + b"caf\xe9 ok\n" + plain * 3
+    got = _parse(log, blocks=True)
+    assert got == _parse(log, blocks=False)
+    assert got["bad_lines"] == 2 and got["lines"] == 65

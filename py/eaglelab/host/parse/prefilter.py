@@ -72,7 +72,9 @@ class Shapes:
     def __init__(self) -> None:
         self.known: dict[bytes, bool] = {}
 
-    def flags(self, shapes: list[bytes]) -> list[bool]:
+    def flags(self, shapes: list[bytes], max_line: int) -> list[bool] | None:
+        """Whether each shape has a trigger; None if a line is over max_line bytes (never cached,
+        so only a shape not seen before can be)."""
         known = self.known
         flags = list(map(known.get, shapes))
         if None in flags:  # shapes not seen before: searched once each
@@ -84,6 +86,8 @@ class Shapes:
                 while True:
                     k = flags.index(None, k + 1)
                     s = shapes[k]
+                    if len(s) > max_line:
+                        return None
                     got = known.get(s)
                     if got is None:
                         got = known[s] = search(s) is not None
@@ -97,9 +101,9 @@ def feed_block(st, blk: bytes, first: int, max_line: int, now: float | None) -> 
     """blk's lines (complete, valid UTF-8, no \\r), numbered first, first+1, ..., into st; returns
     how many, or None (nothing fed) when one is over max_line bytes (the caller cuts it)."""
     shapes = shapes_of(blk)
-    if max(map(len, shapes)) > max_line:
+    flags = st.shapes.flags(shapes, max_line)
+    if flags is None:
         return None
-    flags = st.shapes.flags(shapes)
     n = len(shapes)
     i = off = 0  # line i starts at blk[off]
     tb = st._failures._tb  # open tracebacks, by prefix
