@@ -26,7 +26,7 @@ BlockSink = Callable[[bytes, int, int], "int | None"]
 MAX_LINE = 64 * 1024
 SAMPLE_BYTES = 256 * 1024 # in a long run of frames, look at one frame per this many bytes (+ the last)
 SMALL_RUN = 4096          # a run of frames up to this size is handed over whole
-MIN_BLOCK = 2048          # a run of complete lines without \r at least this long goes to on_block
+MIN_BLOCK = 512           # a run of complete lines without \r at least this long goes to on_block
 # How a tqdm frame ends: `[elapsed<remaining, rate, postfix]` or `[elapsed, rate]`.
 _FRAME_END_RE = re.compile(rb"\[(?:\d+ days?, )?\d+(?::\d\d){1,2}(?:<[^\]]*)?(?:,[^\]]*)?\]$")
 
