@@ -179,7 +179,7 @@ def throughput(tmp: Path, mb: int, runs_n: int = 5) -> None:
                   f"{size / g:.0f} | {p:.3f} | {size / p:.0f} | {r['lines'] / p:,.0f} | **{g / p:.3f}** | {cold:.3f} | {g / cold:.3f} |")
         base = parse_in_child(path, warm, prefilter=False)  # once: line by line is slow
         same = "same state" if base["digest"] == r["digest"] else "**STATES DIFFER**"
-        print(f"| {name}, line by line (no prefilter) | | | | | | | {base['cpu']:.3f} | {size / base['cpu']:.0f} | "
+        print(f"| {name}, line by line (no prefilter; 1 run) | | | | | | | {base['cpu']:.3f} | {size / base['cpu']:.0f} | "
               f"{base['lines'] / base['cpu']:,.0f} | {g / base['cpu']:.3f} | prefilter {base['cpu'] / p:.1f}x faster | {same} |")
         path.unlink()
     print(f"\nload average while measuring: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
