@@ -140,3 +140,14 @@ def test_over_long_lines_and_bad_utf8_in_a_block_are_mended_and_counted_as_line_
     got = _parse(log, blocks=True)
     assert got == _parse(log, blocks=False)
     assert got["bad_lines"] == 2 and got["lines"] == 65
+
+
+def test_the_shape_cache_stays_bounded_on_a_log_of_unique_long_lines():
+    st = LogState()
+    rnd = random.Random(3)
+    for block in range(40):  # 40 x 64 lines of 4 KiB, each a shape of its own (letters vary)
+        lines = ["".join(rnd.choice("ghijkmnopqrsuvwxyz ") for _ in range(4096)) for _ in range(64)]
+        blk = ("\n".join(lines) + "\n").encode()
+        assert st.feed_block(blk, 1 + 64 * block, frames.MAX_LINE) == 64
+    assert st.shapes.size <= prefilter._MAX_SHAPE_BYTES + 4096 + 100
+    assert sum(map(len, st.shapes.known)) <= prefilter._MAX_SHAPE_BYTES + 4096

@@ -56,7 +56,7 @@ _TRIGGERS = [
 ]
 TRIGGER_RE = re.compile("|".join(f"(?:{t})" for t in _TRIGGERS).encode())
 _TIMED = b":aa:"  # every header time is HH:MM:SS
-_MAX_SHAPES = 1 << 16
+_MAX_SHAPE_BYTES = 8 << 20  # the cache's bound: memory stays constant whatever the log
 
 
 def shapes_of(blk: bytes) -> list[bytes]:
@@ -67,10 +67,11 @@ def shapes_of(blk: bytes) -> list[bytes]:
 
 
 class Shapes:
-    """shape -> has a trigger, cached (bounded)."""
+    """shape -> has a trigger, cached (at most _MAX_SHAPE_BYTES of shapes, then it starts over)."""
 
     def __init__(self) -> None:
         self.known: dict[bytes, bool] = {}
+        self.size = 0  # bytes of the shapes in known
 
     def flags(self, shapes: list[bytes], max_line: int) -> list[bool] | None:
         """Whether each shape has a trigger; None if a line is over max_line bytes (never cached,
@@ -78,8 +79,6 @@ class Shapes:
         known = self.known
         flags = list(map(known.get, shapes))
         if None in flags:  # shapes not seen before: searched once each
-            if len(known) > _MAX_SHAPES:
-                known.clear()
             search = TRIGGER_RE.search
             k = -1
             try:
@@ -90,7 +89,11 @@ class Shapes:
                         return None
                     got = known.get(s)
                     if got is None:
+                        if self.size > _MAX_SHAPE_BYTES:
+                            known.clear()
+                            self.size = 0
                         got = known[s] = search(s) is not None
+                        self.size += len(s) + 100  # the entry's own cost too
                     flags[k] = got
             except ValueError:
                 pass
