@@ -5,7 +5,9 @@
 Prints figures (no pass/fail):
 1. Throughput of `lab parse`'s core (eaglelab.host.tail.whole.parse_file) on a generated tqdm-heavy
    log (mostly \\r frames of several bars, some log and metric lines), and on a line-heavy log
-   (no frames), each beside `grep -c` over the same file in the same run, as a ratio.
+   (a busy vLLM server's, made from real fixture lines, no frames), each beside `grep -c` over the
+   same file in the same run, as a ratio; and once line by line without the prefilter (the
+   baseline), with a check that both give the same state.
 2. Peak RSS of a fresh process parsing logs of growing size: flat means constant memory.
 3. Latency from a frame written to output.log to state.json showing it, with follow_run running
    in another process (as under jobwrap): p50 / p95 / max over --latency-n updates.
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import re
 import resource
 import statistics
 import subprocess
@@ -63,26 +66,46 @@ def tqdm_heavy(path: Path, mb: int, seed: int = 0) -> None:
         f.write("Training epoch 1/1 completed\n")
 
 
-def line_heavy(path: Path, mb: int, seed: int = 1) -> None:
-    """A vLLM server log: one record per line, no frames."""
+FIXTURES = ROOT / "tests" / "fixtures" / "logs"
+
+
+def _fixture_line(rel: str, lineno: int) -> str:
+    return (FIXTURES / rel).read_text(encoding="utf-8").splitlines()[lineno - 1]
+
+
+def line_heavy(path: Path, mb: int, seed: int = 1, per_s: int = 100) -> None:
+    """A busy vLLM server's log made from real fixture lines: the recorded CPU server's startup
+    (tests/fixtures/logs/recorded/vllm_cpu_tiny_server.log up to `Application startup complete.`),
+    then per second of serving per_s requests, each an access line and a `Finished request` line
+    (its own request id), an engine stats line every 10 s, and now and then a request that fails
+    (an ERROR line and its 404: public/vllm_request_errors_server_lives.log). Ports, ids, times and
+    figures vary; the words are the fixtures'."""
     rnd = random.Random(seed)
     target = mb * 1024 * 1024
-    lines = [
-        '(APIServer pid=1) INFO:     127.0.0.1:{p} - "POST /v1/chat/completions HTTP/1.1" 200 OK',
-        "(APIServer pid=1) INFO 11-29 20:{m:02d}:{s:02d} [loggers.py:271] Engine 000: Avg prompt throughput: {a:.1f} tokens/s, "
-        "Avg generation throughput: {b:.1f} tokens/s, Running: 18 reqs, Waiting: 4 reqs, GPU KV cache usage: 57.9%, Prefix cache hit rate: 40.5%",
-        "(EngineCore_DP0 pid=2) INFO 11-29 20:{m:02d}:{s:02d} [core.py:12] Finished request chatcmpl-{p}.",
-        "(APIServer pid=1) WARNING 11-29 20:{m:02d}:{s:02d} [protocol.py:112] The following fields were present in the request but ignored: {{'strict'}}",
-    ]
-    with open(path, "w") as f:
-        written = 0
-        k = 0
+    startup = (FIXTURES / "recorded" / "vllm_cpu_tiny_server.log").read_text(encoding="utf-8").splitlines()[:103]
+    access = _fixture_line("recorded/vllm_cpu_tiny_server.log", 104)        # INFO:     127.0.0.1:41564 - "POST ...
+    finished = _fixture_line("public/vllm_v0_stats_pending.log", 2)         # INFO 02-01 06:36:05 ... Finished request cmpl-<hex>-0.
+    stats = _fixture_line("public/vllm_stats_apiserver.log", 1)             # (APIServer pid=3646) INFO 05-19 10:13:11 [loggers.py:271] Engine 000: ...
+    error, notfound = (_fixture_line("public/vllm_request_errors_server_lives.log", k) for k in (4, 5))
+    port = re.compile(r"127\.0\.0\.1:\d+")
+    hms = re.compile(r"\d\d:\d\d:\d\d")
+    req = re.compile(r"cmpl-[0-9a-f]{32}")
+    figs = re.compile(r"throughput: [\d.]+ tokens/s, Avg generation throughput: [\d.]+")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(startup) + "\n")
+        written, sec = 0, 0
         while written < target:
+            sec += 1
+            t = f"{10 + sec // 3600 % 12:02d}:{sec // 60 % 60:02d}:{sec % 60:02d}"
             out = []
-            for _ in range(5000):
-                k += 1  # a server writes a few hundred lines per second: the time moves on slowly
-                out.append(rnd.choice(lines).format(p=rnd.randrange(10**6), m=k // 30000 % 60, s=k // 500 % 60,
-                                                    a=rnd.random() * 1e4, b=rnd.random() * 1e3))
+            for _ in range(per_s):
+                out.append(port.sub(f"127.0.0.1:{rnd.randrange(30000, 61000)}", access))
+                out.append(req.sub(f"cmpl-{rnd.getrandbits(128):032x}", hms.sub(t, finished)))
+            if rnd.random() < 0.02:
+                out += [hms.sub(t, error), notfound]
+            if sec % 10 == 0:
+                out.append(figs.sub(f"throughput: {rnd.random() * 1e4:.1f} tokens/s, Avg generation throughput: "
+                                    f"{rnd.random() * 1e3:.1f}", hms.sub(t, stats)))
             chunk = "\n".join(out) + "\n"
             f.write(chunk)
             written += len(chunk)
@@ -99,9 +122,12 @@ def timed(cmd: list[str]) -> tuple[float, float]:
 
 
 PARSE_CHILD = """
-import json, resource, sys, time
+import hashlib, json, os, resource, sys, time
 sys.path.insert(0, sys.argv[2])
+from eaglelab.host.tail import frames
 from eaglelab.host.tail.whole import parse_file
+if os.environ.get("BENCH_NO_PREFILTER"):  # the baseline: every line through the recognizers
+    frames.MIN_BLOCK = float("inf")
 if len(sys.argv) > 3:  # warm-up: pay the one-time costs (lazy imports: eaglelab.eta pulls numpy) first
     parse_file(sys.argv[3])
     # numpy's OpenBLAS starts a thread at import that spins ~0.1 s of CPU before it sleeps: also
@@ -111,15 +137,18 @@ t0, c0 = time.perf_counter(), time.process_time()
 s = parse_file(sys.argv[1])
 dt, cpu = time.perf_counter() - t0, time.process_time() - c0
 print(json.dumps({"s": dt, "cpu": cpu, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "lines": s["lines"], "frames": s["frames"], "state": s["state"]}))
+                  "lines": s["lines"], "frames": s["frames"], "state": s["state"],
+                  "digest": hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()}))
 """
 
 
-def parse_in_child(path: Path, warmup: Path | None = None) -> dict:
-    """parse_file(path) in a fresh process: its CPU time, peak RSS, a few counts. With warmup, a
-    small log is parsed first, so that one-time costs are not counted as throughput."""
+def parse_in_child(path: Path, warmup: Path | None = None, prefilter: bool = True) -> dict:
+    """parse_file(path) in a fresh process: its CPU time, peak RSS, a few counts, a digest of the
+    whole state. With warmup, a small log is parsed first, so that one-time costs are not counted
+    as throughput; prefilter=False feeds every line through the recognizers (the baseline)."""
     argv = [sys.executable, "-c", PARSE_CHILD, str(path), str(ROOT / "py")] + ([str(warmup)] if warmup else [])
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    env = dict(os.environ, **({} if prefilter else {"BENCH_NO_PREFILTER": "1"}))
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout
     return json.loads(out)
 
 
@@ -127,9 +156,9 @@ def throughput(tmp: Path, mb: int, runs_n: int = 5) -> None:
     print(f"## 1. Throughput (same run, same file, page cache warm; CPU seconds, best of {runs_n})\n")
     print("parse_file in a fresh process after a 1 MB warm-up parse (throughput), and as the first parse of "
           "that process (`cold`: adds the one-time cost of what parse_file imports lazily: numpy via eaglelab.eta, whose OpenBLAS thread spins ~0.1 s of CPU after import)\n")
-    print("| log | size | lines | frames read | grep -c | CPU s | MB/s | parse CPU s | MB/s | speed vs grep "
+    print("| log | size | lines | frames read | grep -c | CPU s | MB/s | parse CPU s | MB/s | lines/s | speed vs grep "
           "| cold parse CPU s | cold vs grep |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     warm = tmp / "warmup.log"
     tqdm_heavy(warm, 1, seed=3)
     cases = (("tqdm-heavy", tqdm_heavy, ["it/s", "global_step"]), ("line-heavy", line_heavy, ["INFO"]))
@@ -138,7 +167,7 @@ def throughput(tmp: Path, mb: int, runs_n: int = 5) -> None:
         gen(path, mb)
         size = path.stat().st_size / 1e6
         subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
-        n = runs_n if name == "tqdm-heavy" else 1  # line-heavy: 20 s a parse, and far from grep anyway
+        n = runs_n
         runs = [parse_in_child(path, warm) for _ in range(n)]
         cold = min(parse_in_child(path)["cpu"] for _ in range(n))
         p = min(r["cpu"] for r in runs)
@@ -147,7 +176,11 @@ def throughput(tmp: Path, mb: int, runs_n: int = 5) -> None:
             g = min(timed(["grep", "-c", pat, str(path)])[1] for _ in range(runs_n))
             g = max(g, 1e-3)
             print(f"| {name} | {size:.0f} MB | {r['lines']} | {r['frames']} | `grep -c '{pat}'` | {g:.3f} | "
-                  f"{size / g:.0f} | {p:.3f} | {size / p:.0f} | **{g / p:.2f}** | {cold:.3f} | {g / cold:.2f} |")
+                  f"{size / g:.0f} | {p:.3f} | {size / p:.0f} | {r['lines'] / p:,.0f} | **{g / p:.3f}** | {cold:.3f} | {g / cold:.3f} |")
+        base = parse_in_child(path, warm, prefilter=False)  # once: line by line is slow
+        same = "same state" if base["digest"] == r["digest"] else "**STATES DIFFER**"
+        print(f"| {name}, line by line (no prefilter; 1 run) | | | | | | | {base['cpu']:.3f} | {size / base['cpu']:.0f} | "
+              f"{base['lines'] / base['cpu']:,.0f} | {g / base['cpu']:.3f} | prefilter {base['cpu'] / p:.1f}x faster | {same} |")
         path.unlink()
     print(f"\nload average while measuring: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
 
@@ -234,8 +267,11 @@ def latency(tmp: Path, n: int, interval: float, prefill: int = 0) -> None:
 
 
 CHATTY_CHILD = """
-import resource, signal, sys, threading
+import os, resource, signal, sys, threading
 sys.path.insert(0, sys.argv[2])
+from eaglelab.host.tail import frames
+if os.environ.get("BENCH_NO_PREFILTER"):  # the baseline: every line through the recognizers
+    frames.MIN_BLOCK = float("inf")
 from pathlib import Path
 from eaglelab.host.tail import follow_run
 stop = threading.Event()
@@ -249,11 +285,18 @@ print((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
 
 def chatty(tmp: Path, seconds: float = 5.0) -> None:
     """CPU the tailer costs while a stage writes thousands of separate lines a second (an inotify
-    event each), beside the writer itself."""
+    event each), beside the writer itself; with the prefilter and without (the baseline)."""
     print("## 4. Tailer CPU under a chatty log\n")
-    run = tmp / "chatty"
+    for prefilter in (True, False):
+        _chatty(tmp / f"chatty-{prefilter}", seconds, prefilter)
+    print()
+
+
+def _chatty(run: Path, seconds: float, prefilter: bool) -> None:
     run.mkdir()
-    f = subprocess.Popen([sys.executable, "-c", CHATTY_CHILD, str(run), str(ROOT / "py")], stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ, **({} if prefilter else {"BENCH_NO_PREFILTER": "1"}))
+    f = subprocess.Popen([sys.executable, "-c", CHATTY_CHILD, str(run), str(ROOT / "py")], stdout=subprocess.PIPE,
+                         text=True, env=env)
     time.sleep(1.5)
     log = open(run / "output.log", "ab", buffering=0)
     t0, n = time.time(), 0
@@ -265,8 +308,8 @@ def chatty(tmp: Path, seconds: float = 5.0) -> None:
     time.sleep(1.0)
     f.terminate()
     cpu = float(f.communicate()[0])
-    print(f"- {n / seconds:.0f} lines/s, one write each, for {seconds:.0f} s: the tailer used {cpu:.2f} CPU s "
-          f"({100 * cpu / (seconds + 1):.0f}% of one core)\n")
+    print(f"- {'with the prefilter' if prefilter else 'line by line (no prefilter)'}: {n / seconds:.0f} lines/s, "
+          f"one write each, for {seconds:.0f} s: the tailer used {cpu:.2f} CPU s ({100 * cpu / (seconds + 1):.0f}% of one core)")
 
 
 def main() -> None:

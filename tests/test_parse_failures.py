@@ -68,6 +68,24 @@ def test_a_worker_error_line_naming_the_cause_before_its_traceback():
     assert s["state"] == "failed" and s["failure"]["reason"] == "nccl_error" and s["failure"]["line"] == 1
 
 
+@pytest.mark.parametrize("line,reason", [
+    ("(VllmWorkerProcess pid=232) ERROR 08-23 08:25:25 multiproc_worker_utils.py:226] Exception in worker "
+     "VllmWorkerProcess while processing method init_device: NCCL error: unhandled system error (run with "
+     "NCCL_DEBUG=INFO for details)", "nccl_error"),
+    ("(VllmWorker rank=1 pid=2) ERROR 05-08 14:46:12 [multiproc_executor.py:1] WorkerProc failed to start: "
+     "CUDA error: an illegal memory access was encountered", "cuda_error"),
+    ("[rank3]:[E429 13:55:49.384372190 ProcessGroupNCCL.cpp:1743] [PG 0 Rank 3] Process group watchdog thread "
+     "terminated with exception: NCCL error: unhandled system error", "nccl_error"),
+])
+def test_a_fatal_error_level_worker_line_without_a_traceback_is_a_failure(line, reason):
+    # The worker's only word on it: no traceback, no exception line; the server process says less still.
+    log = ("(APIServer pid=1) INFO 08-23 08:25:20 [api_server.py:1] vLLM API server version 0.5.4\n"
+           f"{line}\n"
+           "(APIServer pid=1) INFO 08-23 08:25:26 [multiproc_worker_utils.py:1] Killing local vLLM worker processes\n")
+    s = state_of(log)
+    assert s["state"] == "failed" and s["failure"]["reason"] == reason and s["failure"]["line"] == 2
+
+
 @pytest.mark.parametrize("first", ["Traceback (most recent call last):", '  File "/srv/a.py", line 3, in <module>'])
 def test_a_finished_log_that_ends_inside_a_traceback_failed(first):
     log = ("Epoch 10:   0%|          | 0/5878 [00:00<?, ?it/s]\n"

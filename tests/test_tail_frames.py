@@ -101,3 +101,16 @@ def test_live_the_newest_frame_is_handed_over_before_its_terminator_comes():
     assert s.lines == [("Loading:  20%|## | 2/10 [01:00<04:00, 30.00s/it]  ", 1)]  # delivered as usual too
     s.sp.feed(b"OSError: [Errno 28]")
     assert len(prov) == 2  # only what ends like a tqdm frame is handed over early
+
+
+def test_bar_frames_sharing_lines_with_log_records_each_count():
+    # tqdm writes `\r` + frame, a logger then writes its record and `\n` on the same line, the next
+    # frame comes later: every frame is an observation of the bar, every record is read.
+    from eaglelab.host.tail.whole import parse_bytes
+
+    log = "".join(f"\rTraining:  {k}%|#| {k}/64 [00:{10 + 2 * k:02d}<00:30,  2.00s/it, loss=1.0]"
+                  f"2026-07-07 22:20:{k:02d} | INFO | __main__ | epoch=0 step={k} loss={k}.5\n" for k in range(1, 9))
+    s = parse_bytes(log.encode(), include_history=True)
+    bar = s["progress_bars"][0]
+    assert bar["observations"] == 8 and [n for _, n in bar["history"]] == list(range(1, 9))
+    assert [v for _, v in s["metrics"]["loss"]] == [k + 0.5 for k in range(1, 9)]

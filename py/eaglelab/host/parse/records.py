@@ -109,8 +109,7 @@ class LogClock:
             return None
         key = (rec.date, rec.time)
         if key == self._key:
-            return self.last  # the same second as the line before: most lines of a busy log
-        self._key = key
+            return self.last  # the same second as the last good header: most lines of a busy log
         t = rec.time
         try:
             tod = int(t[0:2]) * 3600 + int(t[3:5]) * 60 + int(t[6:8])
@@ -126,6 +125,7 @@ class LogClock:
             total += 86400
         self.day = day
         self.last = total
+        self._key = key  # only a good header: then a repeat of it means the same total
         return total
 
     def _day_epoch(self, date: str) -> float:

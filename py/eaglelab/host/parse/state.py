@@ -13,7 +13,7 @@ from typing import Callable
 from eaglelab.figures import seconds
 from eaglelab.fsutil import utcnow_iso
 from eaglelab.model import decide_end
-from . import markers, speculators, vllm
+from . import markers, prefilter, speculators, vllm
 from .ansi import strip_ansi
 from .bars import BarBook, BarTrack
 from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, Event
@@ -74,6 +74,8 @@ class LogState:
         self.last_line = ""       # the last non-blank line: what a failure without a named reason shows
         self.last_line_no: int | None = None
         self._ended = False
+        self.shapes = prefilter.Shapes()  # line shapes seen, and whether they can matter
+
 
     # ---- input -------------------------------------------------------------------------------
 
@@ -83,6 +85,11 @@ class LogState:
             self._feed(text, lineno, now)
         except Exception:  # noqa: BLE001 - a garbled line is counted, never fatal
             self.bad_lines += 1
+
+    def feed_block(self, blk: bytes, first: int, max_line: int, now: float | None = None) -> int | None:
+        """blk: complete lines (valid UTF-8, no \\r) numbered from first: the same state as feed_line
+        on each, through the prefilter; returns how many, or None (none fed) if one is over max_line."""
+        return prefilter.feed_block(self, blk, first, max_line, now)
 
     def feed_frame(self, text: str, lineno: int, now: float | None = None) -> None:
         """A \\r-terminated frame of line lineno (a progress bar being redrawn, usually)."""

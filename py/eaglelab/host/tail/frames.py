@@ -19,18 +19,26 @@ import re
 from collections.abc import Callable
 
 LineSink = Callable[[str, int], None]   # (text, lineno)
+# (bytes, first lineno, max_line) -> lines taken, or None when declined (an over-long line): a run
+# of complete lines without \r at once (LogState.feed_block)
+BlockSink = Callable[[bytes, int, int], "int | None"]
 
 MAX_LINE = 64 * 1024
 SAMPLE_BYTES = 256 * 1024 # in a long run of frames, look at one frame per this many bytes (+ the last)
 SMALL_RUN = 4096          # a run of frames up to this size is handed over whole
+MIN_BLOCK = 512           # a run of complete lines without \r at least this long goes to on_block
 # How a tqdm frame ends: `[elapsed<remaining, rate, postfix]` or `[elapsed, rate]`.
 _FRAME_END_RE = re.compile(rb"\[(?:\d+ days?, )?\d+(?::\d\d){1,2}(?:<[^\]]*)?(?:,[^\]]*)?\]$")
 
 
 class FrameSplitter:
     def __init__(self, on_line: LineSink, on_frame: LineSink, max_line: int = MAX_LINE,
-                 sample_bytes: int = SAMPLE_BYTES, on_provisional: LineSink | None = None) -> None:
+                 sample_bytes: int = SAMPLE_BYTES, on_provisional: LineSink | None = None,
+                 on_block: BlockSink | None = None) -> None:
         self.on_line = on_line
+        # Runs of complete lines without \r (a line-heavy log), handed over at once (for the
+        # prefilter, eaglelab.host.parse.prefilter); None: every line goes to on_line.
+        self.on_block = on_block
         self.on_frame = on_frame
         self.sample_bytes = sample_bytes  # 0: every frame (e.g. to replay a whole bar history)
         # Live tailing only: the newest tqdm frame, before its terminator comes (it is delivered
@@ -95,6 +103,8 @@ class FrameSplitter:
 
     # Work on offsets into buf: a tqdm "line" is often megabytes of frames, never copied whole.
     def _work(self, buf, a: int, end: int) -> None:
+        if self.on_block is not None:
+            a = self._blocks(buf, a, end)
         find = buf.find
         while True:
             nl = find(b"\n", a, end)
@@ -104,6 +114,46 @@ class FrameSplitter:
             self._line(buf, a, nl)
             a = nl + 1
         self._tail(buf, a, end)
+
+    def _blocks(self, buf, a: int, end: int) -> int:
+        """Hand runs of complete lines without \r in buf[a:end] to on_block, lines with a \r to
+        _line; returns where the complete lines end."""
+        find, rfind = buf.find, buf.rfind
+        last = rfind(b"\n", a, end)
+        while a <= last:
+            r = find(b"\r", a, last)
+            stop = last + 1 if r < 0 else max(a, rfind(b"\n", a, r) + 1)
+            if stop - a >= MIN_BLOCK:
+                self._block(bytes(memoryview(buf)[a:stop]), a, buf)  # one copy (buf may be reused)
+            else:
+                self._each_line(buf, a, stop)
+            if r < 0:
+                return last + 1
+            nl = find(b"\n", r, end)  # the line holding the \r
+            self.lines += 1
+            self._line(buf, stop, nl)
+            a = nl + 1
+        return a
+
+    def _block(self, blk: bytes, a: int, buf) -> None:
+        n = None
+        try:
+            if blk.isascii() or blk.decode("utf-8"):
+                n = self.on_block(blk, self.lines + 1, self.max_line)
+        except UnicodeDecodeError:
+            pass
+        if n is None:  # invalid UTF-8 or an over-long line: line by line, which mends and counts them
+            self._each_line(buf, a, a + len(blk))
+        else:
+            self.lines += n
+
+    def _each_line(self, buf, a: int, stop: int) -> None:
+        find = buf.find
+        while a < stop:
+            nl = find(b"\n", a, stop)
+            self.lines += 1
+            self._line(buf, a, nl)
+            a = nl + 1
 
     def flush(self) -> None:
         """At EOF with the writer gone: the partial last line counts as a line."""

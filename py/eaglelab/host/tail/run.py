@@ -65,7 +65,8 @@ class RunFollower:
         self.state = LogState(expected_phase_s=earlier_phase_durations(self.run_dir), bar_eta=bar_eta)
         self.reader = FileFollower(self.run_dir / "output.log")
         self._now: float | None = None
-        self.splitter = FrameSplitter(self._line, self._frame, on_provisional=self._provisional)
+        self.splitter = FrameSplitter(self._line, self._frame, on_provisional=self._provisional,
+                                      on_block=self._block)
         self.dirty = True
         self.last_write = 0.0
         self.write_cost_s = 0.0
@@ -73,6 +74,9 @@ class RunFollower:
 
     def _line(self, text: str, lineno: int) -> None:
         self.state.feed_line(text, lineno, self._now)
+
+    def _block(self, blk: bytes, first: int, max_line: int) -> int | None:
+        return self.state.feed_block(blk, first, max_line, self._now)
 
     def _frame(self, text: str, lineno: int) -> None:
         self.state.feed_frame(text, lineno, self._now)

@@ -22,7 +22,7 @@ def parse_chunks(chunks, include_history: bool = False, state: LogState | None =
                  sample_bytes: int = SAMPLE_BYTES) -> dict:
     """The final state JSON of a log given as an iterable of byte chunks."""
     st = state or LogState(bar_eta=bar_eta)
-    sp = FrameSplitter(st.feed_line, st.feed_frame, sample_bytes=sample_bytes)
+    sp = FrameSplitter(st.feed_line, st.feed_frame, sample_bytes=sample_bytes, on_block=st.feed_block)
     for chunk in chunks:
         sp.feed(chunk)
     sp.flush()
@@ -48,7 +48,7 @@ def parse_file(path: str | Path, include_history: bool = False, chunk: int = CHU
     except PermissionError:
         raise EaglelabError(f"cannot read {str(path)!r}: permission denied") from None
     st = LogState(bar_eta=bar_eta)  # the parser reads; the estimator (eaglelab.eta) gives the ETA
-    sp = FrameSplitter(st.feed_line, st.feed_frame, sample_bytes=sample_bytes)
+    sp = FrameSplitter(st.feed_line, st.feed_frame, sample_bytes=sample_bytes, on_block=st.feed_block)
     with f:
         sp.feed_file(f, chunk)
     sp.flush()
