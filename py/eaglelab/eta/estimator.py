@@ -462,19 +462,49 @@ class BarTracker:
                             printed_s_per_item=self.rates, concurrent=self.concurrent)
 
 
+# bar_eta's trackers, kept between calls on the same growing history (the tailer's snapshots, a
+# replay's every frame): id(history) -> (history, observations consumed, the last one, tracker).
+_TRACKERS: dict[int, tuple[list, int, tuple, str, BarTracker]] = {}
+_MAX_TRACKERS = 64
+
+
+def _tracker_for(observations: Sequence[tuple], label: str) -> BarTracker:
+    """The tracker of these observations, fed only those it has not seen when the same list grew
+    since the last call (a list cleared or thinned in between starts a new one: same result)."""
+    key = id(observations)
+    hit = _TRACKERS.pop(key, None)
+    start = 0
+    if (hit is not None and hit[0] is observations and 0 < hit[1] <= len(observations)
+            and observations[hit[1] - 1] is hit[2] and hit[3] == label):
+        tracker, start = hit[4], hit[1]
+    else:
+        tracker = BarTracker(resolution=1.0, label=label)
+    for n, tot, elapsed, rate in observations[start:]:
+        if elapsed is not None:
+            tracker.add_elapsed(elapsed, n, tot, rate)
+    if isinstance(observations, list) and observations:
+        _TRACKERS[key] = (observations, len(observations), observations[-1], label, tracker)
+        if len(_TRACKERS) > _MAX_TRACKERS:
+            del _TRACKERS[next(iter(_TRACKERS))]  # the least recently used
+    return tracker
+
+
 def bar_eta(observations: Sequence[tuple], total: float | None, label: str = "",
             tqdm_remaining_s: float | None = None) -> tuple[float | None, float | None, float | None]:
     """(eta_s, eta_low_s, eta_high_s) of a bar from its observations (n, total, elapsed_s,
-    printed s/it): THE bar-ETA driver the tailer, `lab parse` and `lab eta replay` share (the state
-    JSON's progress ETA is this). The bar's own printed elapsed is the clock (whole seconds);
+    printed s/it) to `total`: THE bar-ETA driver. The tailer's state JSON (so `lab status` and the
+    page), `lab parse` and `lab eta replay` (so the benchmarks) all call it on the parser's bar
+    history (eaglelab.host.parse.bars). The clock is the bar's printed elapsed (whole seconds);
     where nothing can be fitted yet, tqdm's printed remaining time with a x0.5..x2 range."""
     if total is not None and observations and observations[-1][0] >= total:
         return 0.0, 0.0, 0.0
-    tracker = BarTracker(total=total, resolution=1.0, label=label)
-    for n, tot, elapsed, rate in observations:
-        if elapsed is not None:
-            tracker.add_elapsed(elapsed, n, tot, rate)
-    est = tracker.estimate() if tracker.points else None
+    tracker = _tracker_for(observations, label)
+    est = None
+    if tracker.points:
+        est = estimate_bar(tracker.points, total if total is not None else tracker.total,
+                           resolution=tracker.resolution, rate_hint_s_per_item=tracker.rate_hint,
+                           prior_s_per_item=tracker.prior, printed_s_per_item=tracker.rates,
+                           concurrent=tracker.concurrent)
     if est is not None:
         return est.eta_s, est.eta_low_s, est.eta_high_s
     if tqdm_remaining_s is None:

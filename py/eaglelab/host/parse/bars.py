@@ -1,15 +1,22 @@
 """Every progress bar seen in a log, kept apart by (process prefix, label), with its history.
 
 The history — (n, total, elapsed_s, printed s/it) per observation — is what the ETA estimator
-needs (eaglelab.eta.bar_eta; the tailer and `lab parse` apply it, this package does not import it). It is
+needs; elapsed_s is the bar's own printed elapsed time or, for a frame that prints none (`[?<?]`),
+the seconds since the bar's first frame by the lines' own timestamps (`line_timestamp`). The tailer,
+`lab parse` and `lab eta replay` all read bars through this book, so they estimate from the same
+history (eaglelab.eta.bar_eta; the tailer and `lab parse` apply it, this package does not import it). It is
 bounded: when a bar has MAX_HISTORY observations, every other one is dropped, so the history
 still spans the whole bar at half the density and memory stays constant however long the run.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
+from eaglelab.fsutil import parse_iso
+
+from .prefixes import split_prefix
 from .progress import Progress
 
 MAX_HISTORY = 2048
@@ -29,6 +36,7 @@ class BarTrack:
     history: list[Observation] = field(default_factory=list)
     observations: int = 0                # how many were seen (history may hold fewer)
     restarts: int = 0                    # times the bar started again from a lower n
+    first_ts: float | None = None        # the line timestamp of its first frame (bars with no elapsed)
 
     @property
     def finished(self) -> bool:
@@ -41,8 +49,10 @@ class BarBook:
         self.bars: dict[tuple[str, str], BarTrack] = {}
         self.current: BarTrack | None = None
 
-    def observe(self, p: Progress, line: int, now: float | None) -> tuple[BarTrack, bool]:
-        """Record p; returns its track and whether it moved on (n changed, or a new bar)."""
+    def observe(self, p: Progress, line: int, now: float | None, line_ts: float | None = None) -> tuple[BarTrack, bool]:
+        """Record p; returns its track and whether it moved on (n changed, or a new bar).
+
+        line_ts: the line's own timestamp (epoch seconds), the bar's clock when it prints no elapsed."""
         key = (p.prefix, p.label)
         track = self.bars.get(key)
         if track is None:
@@ -62,13 +72,19 @@ class BarBook:
                 track.history.clear()  # the same bar started over (next epoch, a retry)
                 track.restarts += 1
                 track.first_line = line
+                track.first_ts = None
             advanced = p.n != prev.n or p.total != prev.total
             track.latest = p
             track.last_line = line
         if advanced or now is not None:
             track.updated_at = now if advanced else track.updated_at
         track.observations += 1
-        track.history.append((p.n, p.total, p.elapsed_s, p.rate_s_per_it))
+        elapsed = p.elapsed_s
+        if elapsed is None and line_ts is not None:
+            if track.first_ts is None:
+                track.first_ts = line_ts
+            elapsed = line_ts - track.first_ts
+        track.history.append((p.n, p.total, elapsed, p.rate_s_per_it))
         if len(track.history) > MAX_HISTORY:
             track.history = track.history[::2]
         self.current = track
@@ -79,3 +95,21 @@ class BarBook:
                   [k for k, t in self.bars.items() if t is not self.current]
         oldest = min(victims, key=lambda k: self.bars[k].last_line)
         del self.bars[oldest]
+
+
+# Timestamps that start a log line (after a docker timestamp, which split_prefix finds):
+# `2026-03-13 13:32:28[,.]123`, `[2026-03-13 13:32:28]`, ISO with T.
+_TS_RE = re.compile(r"^\[?(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)(?:[.,](\d{1,6}))?")
+
+
+def line_timestamp(frame: str) -> tuple[float, float] | None:
+    """(epoch seconds, resolution) of the timestamp a line starts with, or None."""
+    split = split_prefix(frame)
+    if split.timestamp:
+        return parse_iso(split.timestamp), 1e-3
+    m = _TS_RE.match(split.message.lstrip())
+    if m is None:
+        return None
+    day, hms, frac = m.groups()
+    ts = parse_iso(f"{day}T{hms}{'.' + frac if frac else ''}+00:00")
+    return ts, (10.0 ** -len(frac)) if frac else 1.0

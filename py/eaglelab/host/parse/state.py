@@ -15,7 +15,7 @@ from eaglelab.fsutil import utcnow_iso
 from eaglelab.model import decide_end
 from . import markers, prefilter, speculators, vllm
 from .ansi import strip_ansi
-from .bars import BarBook, BarTrack
+from .bars import BarBook, BarTrack, line_timestamp
 from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, Event
 from .failures import GENERIC, Candidate, FailureRecognizer
 from .prefixes import split_prefix
@@ -46,6 +46,9 @@ def _tqdm_only(observations: list, total: float | None, label: str, remaining_s:
 class LogState:
     def __init__(self, expected_phase_s: dict[str, float] | None = None, bar_eta: BarEta | None = None) -> None:
         self.bar_eta = bar_eta or _tqdm_only
+        # Called with (track, frame's Progress) after every bar observation: `lab eta replay` reads
+        # the bars through this state machine, so its rows are what the tailer's snapshot shows.
+        self.on_bar: Callable[[BarTrack, object], None] | None = None
         self.lines = 0            # newline-terminated lines read (the caller counts them)
         self.bad_lines = 0        # lines a recognizer choked on (counted, skipped)
         self.garbled = 0          # lines the reader had to mend: invalid UTF-8, over-long (the caller counts them)
@@ -108,7 +111,7 @@ class LogState:
             split = split_prefix(strip_ansi(text))
             p = parse_bar(split.message, split.prefix)
             if p is not None:
-                self._on_bar(p, lineno, now)
+                self._on_bar(p, lineno, now, text)
         except Exception:  # noqa: BLE001
             self.bad_lines += 1
 
@@ -122,14 +125,14 @@ class LogState:
         if msg.endswith("]"):
             p = parse_bar(msg, prefix)
             if p is not None:
-                self._on_bar(p, lineno, now)
+                self._on_bar(p, lineno, now, text)
                 return
         elif "]" in msg:
             glued = split_glued(msg)
             if glued is not None:
                 p = parse_bar(glued[0], prefix)
                 if p is not None:
-                    self._on_bar(p, lineno, now)
+                    self._on_bar(p, lineno, now, text)
                     msg = glued[1]
         rec = parse_record(msg)
         if rec.time is not None:
@@ -154,8 +157,14 @@ class LogState:
         if cand is not None:
             self._add_candidate(cand, now)
 
-    def _on_bar(self, p, lineno: int, now: float | None) -> None:
-        track, advanced = self.bars.observe(p, lineno, now)
+    def _on_bar(self, p, lineno: int, now: float | None, text: str = "") -> None:
+        line_ts = None
+        if p.elapsed_s is None:  # (tqdm's `[?<?]`): the line's own timestamp is the bar's clock
+            ts = line_timestamp(strip_ansi(text))
+            line_ts = ts[0] if ts else None
+        track, advanced = self.bars.observe(p, lineno, now, line_ts)
+        if self.on_bar is not None:
+            self.on_bar(track, p)
         phase = _BAR_PHASES.get(p.label)
         if phase is not None and (self._open is None or self._open["name"] != phase) and not track.finished:
             self._start_phase(phase, "", lineno, now)
