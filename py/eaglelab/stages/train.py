@@ -53,6 +53,25 @@ def cpu_patches() -> None:
     trainer.Trainer.__init__ = init_on_cpu
 
 
+def announce_plan() -> None:
+    """Print the training plan before step 0 (`train: plan: 6 epochs x 12 steps per epoch`): the
+    parser's training progress (eaglelab.host.parse.training) needs the total steps from the first
+    step on, and speculators logs the steps per epoch only when an epoch's bar closes."""
+    import speculators.train.trainer as trainer
+
+    original = trainer.Trainer.run_training
+
+    def run_training(self, *a, **k):
+        if getattr(self, "rank", 0) == 0:
+            limit = f", at most {self.config.max_steps} steps" if self.config.max_steps else ""
+            click.echo(f"train: plan: {self.config.num_epochs} epochs x {len(self.train_loader)} steps per epoch"
+                       f"{limit}", nl=True)
+            sys.stdout.flush()
+        return original(self, *a, **k)
+
+    trainer.Trainer.run_training = run_training
+
+
 def completed_epochs(save_path: Path) -> list[int]:
     """Epoch checkpoints that are whole (config + weights), ascending."""
     if not save_path.is_dir():
@@ -177,6 +196,7 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
 
     if device == "cpu":
         cpu_patches()
+    announce_plan()
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
 

@@ -12,6 +12,8 @@ END = "end"                   # an explicit end marker; name 'done' (job finishe
 METRIC = "metric"             # name, value, step (None: the next index of that metric)
 STALL_HINT = "stall_hint"     # value True/False: the log itself says work is stuck (vLLM running reqs, 0 tok/s)
 FAILURE = "failure"           # name = reason, message
+TRAIN_STEP = "train_step"     # value = optimizer steps done, step = the epoch (0-based) or None
+TRAIN_PLAN = "train_plan"     # name in epochs | steps_per_epoch | max_steps | total_steps, value
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-from . import failures, markers, vllm
+from . import failures, markers, training, vllm
 from .prefixes import split_prefix
 from .records import parse_record
 
@@ -48,6 +48,7 @@ _TRIGGERS = [
     _w(markers.TAG),                                          # eaglelab's own markers
     *(_w(w) for w in vllm._GATE),                             # vLLM lifecycle and stats (its own gate)
     *(_w(w) for w in _SPECULATORS),                           # speculators' lines (its gate but `=`/`complete`)
+    *(_w(w) for w in training.GATE),                          # training plans (HF's banner, the train stage's)
     "(?:" + "|".join(map(_w, _METRIC_KEYS)) + r")[^\s,=]*=|lr=",  # a metric key (speculators._METRIC_KEY_RE)
     *(_w(w) for w in _FAILURE_WORDS),                         # any failure reason or traceback line (failures._GATE)
     r"\[a+(?::| aay)|\[\?",                                   # a bar's `[elapsed` (`[1 day, `), Rich's `[hh:mm:ss]` (date-less: the clock needs it)

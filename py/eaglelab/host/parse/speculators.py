@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 
-from .events import END, METRIC, Event, metric, num, phase_end, phase_start
+from .events import END, METRIC, TRAIN_PLAN, Event, metric, num, phase_end, phase_start
+from .training import speculators_config, train_step_events
 
 _EPOCH_RE = re.compile(r"(?P<kind>Training|Validation) epoch (?P<e>\d+)/(?P<n>\d+) (?P<what>started|completed)")
 _PROCESSING_RE = re.compile(r"^Processing (?P<n>\d+) samples")
@@ -41,12 +42,17 @@ def recognize(msg: str) -> list[Event]:
         events = _metric_line(msg)
         if events is not None:
             return events
+    if "trainer/" in msg:  # the config dump: the training plan
+        plan = speculators_config(msg)
+        if plan:
+            return plan
     m = _EPOCH_RE.search(msg)
     if m:
         name = "training" if m.group("kind") == "Training" else "validation"
         e, n = int(m.group("e")), int(m.group("n"))
         if m.group("what") == "started":
-            return [phase_start(name, f"epoch {e}/{n}")]
+            return [phase_start(name, f"epoch {e}/{n}")] + ([Event(TRAIN_PLAN, "epochs", float(n))]
+                                                            if name == "training" else [])
         out = [phase_end(name)]
         if name == "training" and e == n:
             out.append(Event(END, "done", message=msg.strip()))
@@ -109,7 +115,7 @@ def _metric_line(msg: str) -> list[Event] | None:
     step = pairs.get("global_step", pairs.get("step"))
     if step is None and "epoch" in pairs and any(k.startswith("val/") for k in pairs):
         step = pairs["epoch"]
-    return [Event(METRIC, k, v, step) for k, v in pairs.items() if k not in _COUNTERS]
+    return [Event(METRIC, k, v, step) for k, v in pairs.items() if k not in _COUNTERS] + train_step_events(pairs)
 
 
 BAR_PHASES = {"Generating responses": "generating"}

@@ -13,10 +13,10 @@ from typing import Callable
 from eaglelab.figures import seconds
 from eaglelab.fsutil import utcnow_iso
 from eaglelab.model import decide_end
-from . import markers, prefilter, speculators, vllm
+from . import markers, prefilter, speculators, training, vllm
 from .ansi import strip_ansi
 from .bars import BarBook, BarTrack, line_timestamp
-from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, Event
+from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, TRAIN_PLAN, TRAIN_STEP, Event
 from .failures import GENERIC, Candidate, FailureRecognizer
 from .prefixes import split_prefix
 from .progress import parse_bar, split_glued
@@ -29,9 +29,9 @@ MAX_PHASES = 512
 MAX_METRICS = 256
 MAX_POINTS = 1000  # per metric; past it every other point goes (the curve keeps its whole span)
 FAILURE_GRACE_S = 30.0  # live: a failure line with no exit yet is only "suspected" this long
-_RECOGNIZERS = (markers.recognize, vllm.recognize, speculators.recognize)
+_RECOGNIZERS = (markers.recognize, vllm.recognize, speculators.recognize, training.recognize)
 _BAR_PHASES = {**vllm.BAR_PHASES, **speculators.BAR_PHASES}
-_MOVING = frozenset((METRIC, PHASE_START, PHASE_END, READY))
+_MOVING = frozenset((METRIC, PHASE_START, PHASE_END, READY, TRAIN_STEP))
 
 
 # (observations, total, label, tqdm's printed remaining) -> (eta_s, eta_low_s, eta_high_s): the
@@ -54,6 +54,7 @@ class LogState:
         self.garbled = 0          # lines the reader had to mend: invalid UTF-8, over-long (the caller counts them)
         self.frames = 0           # \r-frames looked at
         self.bars = BarBook()
+        self.training = training.TrainingSteps()  # steps, epochs: the train stage's main progress
         self.clock = LogClock()
         self.expected_phase_s = expected_phase_s
         self._failures = FailureRecognizer()
@@ -163,6 +164,9 @@ class LogState:
             ts = line_timestamp(strip_ansi(text))
             line_ts = ts[0] if ts else None
         track, advanced = self.bars.observe(p, lineno, now, line_ts)
+        epoch_bar = training.EPOCH_BAR_RE.match(p.label) if p.label.startswith("Epoch ") else None
+        if epoch_bar is not None and self.training.source != "steps":
+            self.training.epoch_bar(int(epoch_bar.group("e")), p.n, p.total, p.elapsed_s, lineno, now)
         if self.on_bar is not None:
             self.on_bar(track, p)
         phase = _BAR_PHASES.get(p.label)
@@ -187,6 +191,7 @@ class LogState:
         elif kind == END:
             if ev.name == "done":
                 self.done_line, self.done_message = lineno, ev.message
+                self.training.ended = True
                 self._dismiss(None)
                 self._end_phase(None, lineno, now, None)
             else:
@@ -196,6 +201,12 @@ class LogState:
             self.stats_message = ev.message
         elif kind == FAILURE:
             self._add_candidate(Candidate(ev.name, ev.message, lineno, prefix, True), now)
+        elif kind == TRAIN_STEP:
+            clock = ("log", self._log_t) if self._log_t is not None else ("read", now) if now is not None else None
+            self.training.source = "steps"
+            self.training.observe(float(ev.value), None if ev.step is None else int(ev.step), lineno, clock, now)
+        elif kind == TRAIN_PLAN:
+            self.training.plan(ev.name, float(ev.value))
 
     # ---- phases, metrics, failures ----------------------------------------------------------
 
@@ -329,7 +340,7 @@ class LogState:
             "schema": SCHEMA,
             "state": state,
             "failure": _failure_json(fail),
-            "progress": _progress_json(cur, self.bar_eta) if cur else None,
+            "progress": self._main_progress(cur),
             "phase": self._open["name"] if self._open else None,
             "phases": [dict(p) for p in self.phases],
             "metrics": {k: [list(x) for x in v] for k, v in self.metrics.items()},
@@ -343,11 +354,61 @@ class LogState:
             "failures_survived": self.dismissed,
             "progress_bars": [_bar_summary(t, include_history) for t in self.bars.bars.values()],
         }
+        if self.training.step is not None:
+            out["training"] = _training_json(self.training, self.bar_eta)
         if suspect is not None:
             out["suspect"] = _failure_json(suspect)
         if exit_info is not None:
             out = combine_with_exit(out, exit_info)
         return out
+
+
+    def _main_progress(self, cur: BarTrack | None) -> dict | None:
+        """The progress the stage is at: the last bar seen, except while the log goes on (live) and
+        that bar is a short sub-bar done (checkpoint shards written) or training counts steps
+        without a bar: then training's steps, else the unfinished bar the finished one ran inside."""
+        steps = self.training
+        if not self._ended and steps.step is not None and not steps.finished and (
+                cur is None or cur.finished or (steps.last_line or 0) >= cur.last_line):
+            if cur is None or cur.latest.total != steps.total or cur.finished:
+                return _steps_progress(steps, self.bar_eta)
+        if cur is None:
+            return None
+        if not self._ended and cur.finished:
+            outer = [t for t in self.bars.bars.values()
+                     if not t.finished and t.first_line < cur.first_line and t.observations > 1]
+            if outer:
+                return _progress_json(max(outer, key=lambda t: t.last_line), self.bar_eta)
+        return _progress_json(cur, self.bar_eta)
+
+
+def _training_json(steps: "training.TrainingSteps", bar_eta: BarEta) -> dict:
+    out = steps.summary()
+    eta_s, low, high = bar_eta(steps.history, steps.total, training.LABEL, None) if steps.total else (None, None, None)
+    out.update(eta_s=seconds(eta_s), eta_low_s=seconds(low), eta_high_s=seconds(high),
+               observed_at=_iso(steps.updated_at))
+    return out
+
+
+def _steps_progress(steps: "training.TrainingSteps", bar_eta: BarEta) -> dict:
+    """Training's steps in the shape of a bar's progress (what the page and `lab status` show)."""
+    t = _training_json(steps, bar_eta)
+    total, n = steps.total, steps.step
+    hist = [[e, k] for k, _tot, e, _r in steps.history if e is not None]
+    rate = None
+    if len(hist) >= 2 and hist[-1][1] > hist[0][1]:
+        rate = (hist[-1][0] - hist[0][0]) / (hist[-1][1] - hist[0][1])
+    postfix = {"epoch": f"{(steps.epoch or 0) + 1}/{steps.epochs}" if steps.epochs else str((steps.epoch or 0) + 1)}
+    return {"label": training.LABEL, "prefix": None, "n": _int(n), "total": total, "unit": "step",
+            "percent": None if not total else round(100.0 * n / total, 1), "rate_s_per_it": seconds(rate),
+            "elapsed_s": hist[-1][0] if hist else None,
+            "eta_s": t["eta_s"], "eta_low_s": t["eta_low_s"], "eta_high_s": t["eta_high_s"],
+            "observed_at": t["observed_at"], "tqdm_remaining_s": None, "postfix": postfix,
+            "line": steps.last_line, "history": hist[-PROGRESS_HISTORY_POINTS:], "source": "training"}
+
+
+def _int(v: float | None) -> float | int | None:
+    return int(v) if v is not None and float(v).is_integer() else v
 
 
 def _failure_json(c: Candidate | None) -> dict | None:
