@@ -32,6 +32,9 @@ def fmt_clock(iso: str | None) -> str:
 
 
 def progress_text(run: dict) -> str:
+    serving = serving_text(run)
+    if serving is not None:
+        return serving
     ls = run.get("log_state") or {}
     p = ls.get("progress")
     parts = []
@@ -63,7 +66,28 @@ def slurm_queue_lines(st: dict, runs: dict) -> list[str]:
     return out
 
 
+def serving_text(run: dict) -> str | None:
+    """A ready service's figures (vLLM's latest periodic stats) in place of progress and ETA: its
+    weight-loading bar is long finished and it has no end to predict. None for anything else."""
+    ls = run.get("log_state") or {}
+    if run.get("kind") != "service" or run.get("state") != "running" or not ls.get("ready"):
+        return None
+    metrics = ls.get("metrics") or {}
+
+    def last(name: str):
+        series = metrics.get(name) or []
+        return series[-1][1] if series and len(series[-1]) >= 2 else None
+
+    gen, prompt, reqs = (last(f"vllm/{k}") for k in ("gen_tokens_per_s", "prompt_tokens_per_s", "running_reqs"))
+    parts = ["serving"] + ([f"{gen:.1f} tok/s generated"] if gen is not None else []) \
+        + ([f"{prompt:.1f} prompt tok/s"] if prompt is not None else []) \
+        + ([f"{reqs:.0f} requests running"] if reqs is not None else [])
+    return " · ".join(parts) if len(parts) > 1 else "serving (no request stats logged yet)"
+
+
 def eta_text(run: dict) -> str:
+    if serving_text(run) is not None:
+        return ""  # a ready service: nothing to wait for
     eta = run.get("eta") or {}
     if not eta.get("finish_at"):
         return ""
