@@ -365,13 +365,12 @@ class LogState:
 
     def _main_progress(self, cur: BarTrack | None) -> dict | None:
         """The progress the stage is at: the last bar seen, except while the log goes on (live) and
-        that bar is a short sub-bar done (checkpoint shards written) or training counts steps
-        without a bar: then training's steps, else the unfinished bar the finished one ran inside."""
+        there is no bar or the last is a sub-bar done (checkpoint shards written) while training
+        counts steps: then training's steps, else the unfinished bar the finished one ran inside."""
         steps = self.training
         if not self._ended and steps.step is not None and not steps.finished and (
-                cur is None or cur.finished or (steps.last_line or 0) >= cur.last_line):
-            if cur is None or cur.latest.total != steps.total or cur.finished:
-                return _steps_progress(steps, self.bar_eta)
+                cur is None or cur.finished and steps.total is not None):
+            return _steps_progress(steps, self.bar_eta)  # an unfinished bar is where training is
         if cur is None:
             return None
         if not self._ended and cur.finished:
