@@ -97,3 +97,33 @@ def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str], int], flo
         rows.clear()
     splitter.flush()
     yield from rows
+
+
+@dataclass
+class StepRow:
+    line: int  # the line of the step
+    step: float  # optimizer steps done
+    total_steps: float | None  # as the parser knows it at that line (the plan, epochs x steps per epoch)
+    elapsed_s: float | None  # the training clock: seconds since the first step (the log's timestamps)
+    eta_s: float | None
+    eta_low_s: float | None
+    eta_high_s: float | None
+
+
+def replay_steps(lines: Iterable[str], horizon: float | None = None) -> Iterator[StepRow]:
+    """One row per training step line, each with the ETA the tailer's state JSON gives then
+    (`training`: eaglelab.host.parse.training through the same state machine and bar_eta).
+    horizon: estimate the time to reach that many steps instead of the total the log announces."""
+    state = LogState(bar_eta=bar_eta)
+    splitter = FrameSplitter(state.feed_line, state.feed_frame, sample_bytes=0)
+    seen = None
+    for line in lines:
+        splitter.feed((line if line.endswith("\n") else line + "\n").encode("utf-8", "surrogateescape"))
+        steps = state.training
+        if steps.step is None or (steps.step, steps.last_line) == seen:
+            continue
+        seen = (steps.step, steps.last_line)
+        total = horizon if horizon is not None else steps.total
+        elapsed = steps.history[-1][2] if steps.history else None
+        eta = bar_eta(steps.history, total, "training steps", None) if total else (None, None, None)
+        yield StepRow(steps.last_line or 0, steps.step, steps.total, elapsed, *eta)
