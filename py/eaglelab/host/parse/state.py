@@ -383,7 +383,13 @@ class LogState:
 
 def _training_json(steps: "training.TrainingSteps", bar_eta: BarEta) -> dict:
     out = steps.summary()
-    eta_s, low, high = bar_eta(steps.history, steps.total, training.LABEL, None) if steps.total else (None, None, None)
+    out["step"] = _int(out["step"])
+    if steps.finished:  # the trainer said it is over (or the steps reached the total)
+        eta_s = low = high = 0.0
+    elif steps.total:
+        eta_s, low, high = bar_eta(steps.history, steps.total, training.LABEL, None)
+    else:
+        eta_s = low = high = None
     out.update(eta_s=seconds(eta_s), eta_low_s=seconds(low), eta_high_s=seconds(high),
                observed_at=_iso(steps.updated_at))
     return out
