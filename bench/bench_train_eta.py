@@ -26,7 +26,7 @@ from eaglelab.eta.replay import replay_steps  # noqa: E402
 
 LOGS = [ROOT / "tests/fixtures/logs/recorded/h200/train.log",
         ROOT / "tests/fixtures/logs/gpu_rehearsal_deepseek_v3_train.log",
-        ROOT / "bench/corpus/recorded/cpu_speculators_train.log"]
+        ROOT / "tests/fixtures/logs/recorded/cpu_speculators_train.log"]
 MIN_TRUTH_S = 2.0
 
 
@@ -56,7 +56,11 @@ def score(path: Path) -> dict | None:
 
 
 def main() -> None:
-    results = [s for p in LOGS if p.exists() and (s := score(p)) is not None]
+    scored = {p: score(p) for p in LOGS}
+    results = [s for s in scored.values() if s is not None]
+    for p, s in scored.items():
+        if s is None:
+            print(f"not scored: {p.relative_to(ROOT)} (no step {MIN_TRUTH_S:.0f} s or more before its last one)")
     print("| log | steps run | total the parser inferred | s | obs. | ours | mean rate | truth in range |")
     print("|---|---|---|---|---|---|---|---|")
     for s in results:
