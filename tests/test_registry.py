@@ -124,3 +124,65 @@ def test_a_full_disk_is_a_full_disk_not_a_broken_registry(tiny_disk):
     (tiny_disk / "filler").unlink()
     reg.upsert(big)  # space again: the same registry works, nothing to rebuild
     assert reg.get("a-1")["state"] == "running"
+
+
+# -- several pollers, one order: a run's state never goes backwards -------------------------------
+
+def _run(state: str, **kw) -> dict:
+    return {"id": "s-1", "stage": "s", "host": "h", "state": state, **kw}
+
+
+def test_an_ended_run_is_never_set_back_to_running_by_a_late_report(tmp_path):
+    reg = Registry(tmp_path / "r.sqlite")
+    heard = []
+    reg.observers.append(lambda changes: heard.extend((b and b["state"], a["state"]) for b, a in changes))
+    reg.sync_host("h", {"runs": [_run("running")]}, as_of=100.0)
+    reg.sync_host("h", {"runs": [_run("completed", exit_code=0)]}, as_of=102.0)
+    # a poller that asked before the end (or whose round trip overlapped it) writes last
+    reg.sync_host("h", {"runs": [_run("running")]}, as_of=101.0)
+    reg.sync_host("h", {"runs": [_run("running")]}, as_of=103.0)
+    reg.upsert(_run("pending"))
+    assert reg.get("s-1")["state"] == "completed" and reg.latest("s")["exit_code"] == 0
+    assert heard == [(None, "running"), ("running", "completed")]  # the stale rows told nobody
+    for final in ("failed", "killed"):
+        reg.upsert({**_run(final), "id": f"s-{final}"})
+        reg.sync_host("h", {"runs": [{**_run("running"), "id": f"s-{final}"}]}, as_of=1e12)
+        assert reg.get(f"s-{final}")["state"] == final
+
+
+def test_a_requeued_slurm_job_runs_again_only_on_a_new_attempt(tmp_path):
+    reg = Registry(tmp_path / "r.sqlite")
+    reg.upsert(_run("failed", slurm={"job_id": "7", "restart_count": 0}), as_of=10.0)
+    reg.upsert(_run("pending", slurm={"job_id": "7", "restart_count": 0}), as_of=11.0)  # stale
+    assert reg.get("s-1")["state"] == "failed"
+    reg.upsert(_run("running", slurm={"job_id": "7", "restart_count": 1}), as_of=12.0)  # Slurm's new attempt
+    assert reg.get("s-1")["state"] == "running"
+
+
+def test_a_report_older_than_the_stored_one_does_not_overwrite_it(tmp_path):
+    reg = Registry(tmp_path / "r.sqlite")
+    reg.sync_host("h", {"runs": [_run("running", log_state={"progress": {"n": 5}})]}, as_of=200.0)
+    reg.sync_host("h", {"runs": [_run("running", log_state={"progress": {"n": 3}})]}, as_of=199.0)
+    assert reg.get("s-1")["log_state"]["progress"]["n"] == 5
+    # the end is news in whatever order it arrives
+    reg.sync_host("h", {"runs": [_run("completed", exit_code=0)]}, as_of=198.0)
+    assert reg.get("s-1")["state"] == "completed"
+    # between two ends, the later report wins (a lost run adopted from its log), not the later write
+    reg.upsert({**_run("killed", lost=True), "id": "s-2"}, as_of=300.0)
+    reg.upsert({**_run("completed"), "id": "s-2"}, as_of=301.0)
+    reg.upsert({**_run("killed", lost=True), "id": "s-2"}, as_of=300.5)
+    assert reg.get("s-2")["state"] == "completed"
+
+
+def test_a_registry_without_the_as_of_column_takes_it_and_keeps_its_rows(tmp_path):
+    db = tmp_path / "old.sqlite"
+    from eaglelab.control import registry
+    assert ", as_of REAL" in registry.SCHEMA
+    with sqlite3.connect(db) as c:  # a registry of the release before as_of
+        c.executescript(registry.SCHEMA.replace(", as_of REAL", ""))
+        c.execute("INSERT INTO runs (id, stage, host, state) VALUES ('old-1', 's', 'h', 'completed')")
+    reg = Registry(db)
+    reg.upsert({"id": "old-1", "stage": "s", "host": "h", "state": "running"})
+    assert reg.get("old-1")["state"] == "completed"
+    reg.upsert({"id": "old-1", "stage": "s", "host": "h", "state": "failed", "exit_code": 2})
+    assert reg.get("old-1")["exit_code"] == 2

@@ -402,3 +402,51 @@ def test_an_orphan_that_ends_on_its_own_is_adopted_from_its_log(tmplab):
     assert (done["state"], done["lost"]) == ("completed", False), done
     p = tmplab.lab("run", "marked")
     assert "up to date" in p.stdout and len(tmplab.run_dirs()) == 1
+
+
+DEPENDENT = """\
+stages:
+  first:
+    host: local
+    command: ["${python}", "-m", "eaglelab.stages.tick", "--steps", "3", "--delay", "0.2"]
+  second:
+    host: local
+    command: ["true"]
+    depends_on: [first]
+"""
+
+
+def test_the_dependency_check_asks_the_host_before_it_refuses(tmplab):
+    """The registry says `first` is running (nobody has asked since it ended): `lab run second`
+    asks first's host, sees it completed, and runs."""
+    from eaglelab.control.lab import Lab
+    tmplab.write_pipeline(DEPENDENT)
+    tmplab.lab("run", "first", "--detach")
+    run_dir = tmplab.run_dirs()[0]
+    tmplab.wait_for(lambda: (run_dir / "exit.json").exists(), timeout=30)
+    lab = Lab.load(str(tmplab.conf))
+    assert lab.registry.get(run_dir.name)["state"] == "running"  # what the registry last heard
+    p = tmplab.lab("run", "second", check=False)
+    assert p.returncode == 0 and "depends on" not in p.stderr, p.stdout + p.stderr
+    assert [r["state"] for r in tmplab.runs("second")] == ["completed"]
+
+
+def test_a_slow_poller_writing_last_never_sets_an_ended_run_back_to_running(tmplab):
+    """A report asked for while the run ran, written after another process recorded its end (the
+    page's refresher next to a `lab run` following the stage): the run stays completed and the
+    stage that depends on it starts."""
+    import time as _time
+    from eaglelab.control.lab import Lab, checked_report
+    tmplab.write_pipeline(DEPENDENT.replace('"3"', '"20"'))
+    tmplab.lab("run", "first", "--detach")
+    lab = Lab.load(str(tmplab.conf))
+    asked_at = _time.time()
+    stale = checked_report("local", lab.executor("local").report("first"))
+    assert [r["state"] for r in stale["runs"]] == ["running"]
+    tmplab.lab("run", "first")  # attaches, follows it to its end, records completed
+    lab.registry.sync_host("local", stale, as_of=asked_at)  # the slow answer lands last
+    assert [r["state"] for r in tmplab.runs("first")] == ["completed"]
+    stale["runs"][0]["log_state"] = None
+    lab.registry.sync_host("local", stale, as_of=_time.time() + 60)  # however late it claims to be
+    assert lab.registry.latest("first")["state"] == "completed"
+    tmplab.lab("run", "second")

@@ -89,17 +89,18 @@ class Lab:
         names = hosts or list(self.cfg.hosts)
 
         def poll(name: str):
+            asked_at = time.time()  # what the report says is as of no earlier than this
             try:
-                return name, self.executor(name).report(stage), None
+                return name, self.executor(name).report(stage), None, asked_at
             except HostUnreachable as e:
-                return name, None, str(e)
+                return name, None, str(e), asked_at
 
         errors = {}
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(names)))) as pool:
-            for name, report, err in pool.map(poll, names):
+            for name, report, err, asked_at in pool.map(poll, names):
                 if report is not None:
                     report = checked_report(name, report)
-                self.registry.sync_host(name, report, err)
+                self.registry.sync_host(name, report, err, as_of=asked_at)
                 errors[name] = err
         return errors
 
@@ -242,8 +243,16 @@ class Lab:
         for dep in stage.depends_on:
             latest = self.latest(dep)
             if latest is None or latest["state"] != "completed":
+                # the registry may lag the host (a run that ended a moment ago): ask before refusing
+                hosts = [h for h in dict.fromkeys([self.cfg.stage(dep).host, *([latest["host"]] if latest else [])])
+                         if h in self.cfg.hosts]
+                errors = self.refresh(hosts, stage=dep)
+                latest = self.latest(dep)
+            if latest is None or latest["state"] != "completed":
                 state = f"whose latest run {latest['id']} is {latest['state']}" if latest else "which never ran"
-                raise StageError(f"stage {stage.name!r} depends on {dep!r}, {state}; "
+                silent = "; ".join(f"{h} did not answer: {e}" for h, e in errors.items() if e)
+                raise StageError(f"stage {stage.name!r} depends on {dep!r}, {state}"
+                                 f"{f' ({silent})' if silent else ''}; "
                                  f"run `lab run {dep}` first (or `lab run {stage.name} --deps`)")
 
     # -- services ----------------------------------------------------------------------------

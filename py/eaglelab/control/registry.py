@@ -20,14 +20,15 @@ from typing import Callable, Iterator
 
 from eaglelab.errors import RegistryError
 from eaglelab.fsutil import utcnow_iso
-from eaglelab.model import RUN_FIELDS, RunState
+from eaglelab.model import ACTIVE, FINAL, RUN_FIELDS, RunState
 
 STATES = tuple(RunState)
-COLUMNS = (*RUN_FIELDS, "updated_at")  # the run record's fields (eaglelab.model.RunRecord), and when written
+# the run record's fields (eaglelab.model.RunRecord), when written, and as of when (see supersedes)
+COLUMNS = (*RUN_FIELDS, "updated_at", "as_of")
 
 # columns added after the first release: (name, declaration) for ALTER TABLE on older registries
 ADDED_COLUMNS = {"orphans": "INTEGER DEFAULT 0", "log_size": "INTEGER", "slurm": "TEXT",
-                 "orphaned": "INTEGER DEFAULT 0", "end_unknown": "TEXT"}
+                 "orphaned": "INTEGER DEFAULT 0", "end_unknown": "TEXT", "as_of": "REAL"}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -35,7 +36,7 @@ CREATE TABLE IF NOT EXISTS runs (
   kind TEXT, state TEXT NOT NULL, exit_code INTEGER, signal INTEGER, started_at TEXT, ended_at TEXT,
   duration_s REAL, run_dir TEXT, pid INTEGER, pgid INTEGER, lost INTEGER DEFAULT 0,
   log_state TEXT, updated_at TEXT, orphans INTEGER DEFAULT 0, log_size INTEGER, slurm TEXT,
-  orphaned INTEGER DEFAULT 0, end_unknown TEXT
+  orphaned INTEGER DEFAULT 0, end_unknown TEXT, as_of REAL
 );
 CREATE INDEX IF NOT EXISTS runs_stage ON runs(stage, started_at);
 CREATE TABLE IF NOT EXISTS hosts (
@@ -123,11 +124,15 @@ class Registry:
                     db.execute("ROLLBACK")
                 raise
 
-    def upsert(self, run: dict) -> None:
-        self.upsert_many([run])
+    def upsert(self, run: dict, as_of: float | None = None) -> None:
+        self.upsert_many([run], as_of)
 
-    def upsert_many(self, runs: list[dict]) -> None:
+    def upsert_many(self, runs: list[dict], as_of: float | None = None) -> None:
+        """Write runs as a host reported them at `as_of` (this machine's clock when the report was
+        asked for; default now). A row that would move a run backwards is left as stored: see
+        supersedes. Observers hear of the rows written only."""
         now = utcnow_iso()
+        as_of = time.time() if as_of is None else as_of
         rows = []
         for r in runs:
             row = {c: r.get(c) for c in COLUMNS}
@@ -138,29 +143,37 @@ class Registry:
             row["log_state"] = json.dumps(r["log_state"]) if r.get("log_state") is not None else None
             row["slurm"] = json.dumps(r["slurm"]) if r.get("slurm") is not None else None  # job id, queue, nodes
             row["updated_at"] = now
+            row["as_of"] = as_of
             if row["state"] not in STATES:
                 row["state"] = "killed" if row["state"] is None and row["ended_at"] else (row["state"] or "pending")
-            rows.append(row)
+            rows.append((r, row))
         cols = ", ".join(COLUMNS)
         marks = ", ".join(f":{c}" for c in COLUMNS)
         updates = ", ".join(f"{c}=excluded.{c}" for c in COLUMNS if c != "id")
         with self._tx() as db:
             # What the registry knew before, read under the write lock: of several processes
-            # syncing the same change, exactly one sees the transition (observers: notify.py).
-            before = {}
-            for row in rows if self.observers else []:
-                known = db.execute("SELECT * FROM runs WHERE id = ?", (row["id"],)).fetchone()
-                before[row["id"]] = _row(known) if known else None
+            # syncing the same change, exactly one writes (and its observers see) the transition.
+            before = self._stored(db, [row["id"] for _, row in rows])
+            kept = [(r, row) for r, row in rows if supersedes(before.get(row["id"]), row)]
             db.executemany(f"INSERT INTO runs ({cols}) VALUES ({marks}) ON CONFLICT(id) DO UPDATE SET {updates}",
-                           rows)
-        if self.observers:
-            changes = [(before.get(row["id"]), {**r, "id": row["id"], "state": row["state"]})
-                       for r, row in zip(runs, rows)]
+                           [row for _, row in kept])
+        if self.observers and kept:
+            changes = [(before.get(row["id"]), {**r, "id": row["id"], "state": row["state"]}) for r, row in kept]
             for observe in self.observers:
                 try:
                     observe(changes)
                 except Exception as e:  # an observer never breaks the registry
                     print(f"lab: registry observer failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+    @staticmethod
+    def _stored(db: sqlite3.Connection, ids: list[str]) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+            chunk = ids[i:i + 500]
+            marks = ", ".join("?" * len(chunk))
+            for known in db.execute(f"SELECT * FROM runs WHERE id IN ({marks})", chunk):
+                out[known["id"]] = _row(known)
+        return out
 
     def get(self, run_id: str) -> dict | None:
         with self._connect() as db:
@@ -186,11 +199,13 @@ class Registry:
                              "id DESC LIMIT 1", (stage,)).fetchone()
         return _row(row) if row else None
 
-    def sync_host(self, host: str, report: dict | None, error: str | None = None) -> None:
-        """Record a host's report (its runs are the truth) or that it did not answer."""
+    def sync_host(self, host: str, report: dict | None, error: str | None = None,
+                  as_of: float | None = None) -> None:
+        """Record a host's report (its runs are the truth) or that it did not answer. as_of: when
+        the report was asked for (a slow answer written late must not undo a newer one)."""
         now = utcnow_iso()
         if report is not None:
-            self.upsert_many(report.get("runs", []))
+            self.upsert_many(report.get("runs", []), as_of)
             self.record_phases_from_runs(report.get("runs", []))
         with self._tx() as db:
             prev = db.execute("SELECT * FROM hosts WHERE name = ?", (host,)).fetchone()
@@ -238,6 +253,38 @@ class Registry:
         sql = "SELECT * FROM phases" + (" WHERE stage = ?" if stage else "") + " ORDER BY ended_at"
         with self._connect() as db:
             return [dict(r) for r in db.execute(sql, (stage,) if stage else ())]
+
+
+def supersedes(stored: dict | None, incoming: dict) -> bool:
+    """Whether a report's row may replace the stored one. Several processes (the CLI following a
+    run, the page's refresher, cron) poll the same host and write what they heard in whatever
+    order their round trips end, so:
+      - an ended run (completed, failed, killed) is never set back to pending/running: that row is
+        a stale report, written late. The one exception is a new attempt of a requeued Slurm job
+        (its restart_count grew), which really runs again;
+      - a row from a report asked for before the stored one's is older news and is left out,
+        unless it is the run's end over a stored active state (an end is news in any order).
+    """
+    if stored is None:
+        return True
+    old, new = stored.get("state"), incoming.get("state")
+    if old in FINAL and new in ACTIVE:
+        return _restarts(incoming) > _restarts(stored)
+    if old in ACTIVE and new in FINAL:
+        return True
+    stored_at, asked_at = stored.get("as_of"), incoming.get("as_of")
+    return stored_at is None or asked_at is None or asked_at >= stored_at
+
+
+def _restarts(run: dict) -> int:
+    slurm = run.get("slurm")
+    if isinstance(slurm, str):  # a row as written (JSON text)
+        try:
+            slurm = json.loads(slurm)
+        except ValueError:
+            slurm = None
+    count = slurm.get("restart_count") if isinstance(slurm, dict) else None
+    return count if isinstance(count, int) else 0
 
 
 def ensure_schema(db: sqlite3.Connection, schema: str, added_columns: dict[str, dict[str, str]] | None = None) -> None:
