@@ -172,3 +172,33 @@ def test_a_var_is_a_scalar_and_a_conf_file_is_text(tmplab):
     (tmplab.conf / "pipeline.yaml").write_bytes(b"stages:\n  a: \xff\xfe\n")
     with pytest.raises(ConfigError, match="pipeline.yaml: not UTF-8 text"):
         config.load(tmplab.conf)
+
+
+# -- the file that holds the key is the one named -----------------------------------------------
+
+@pytest.mark.parametrize("profile, blamed, key", [
+    ("stages:\n  b:\n    host: gpu9\n", "profiles/p.yaml", "stages.b.host = 'gpu9'"),
+    ("stages:\n  b:\n    depends_on: [zz]\n", "profiles/p.yaml", "stages.b.depends_on: no stage 'zz'"),
+    ("stages:\n  a:\n    command: ['${nope}']\n", "profiles/p.yaml", "${nope}"),
+    ("stages:\n  a:\n    kind: service\n", "profiles/p.yaml", "a service needs `ready:`"),
+    ("vars:\n  n: [1]\n", "profiles/p.yaml", "vars.n is a list"),
+    # the profile touches the stage, but the bad key is pipeline.yaml's
+    ("stages:\n  b:\n    gpus: 1\n", "pipeline.yaml", "stages.b.host = 'gpu9'"),
+    # the profile sets one key of a host, lab.yaml holds the bad one
+    ("hosts:\n  local:\n    gpus: 1\n", "lab.yaml", "hosts.local.base_python"),
+])
+def test_an_error_blames_the_file_that_holds_the_key(tmplab, profile, blamed, key):
+    pipeline = PIPELINE
+    if blamed == "pipeline.yaml":
+        pipeline = PIPELINE.replace("host: local\n    command: [\"true\"]", "host: gpu9\n    command: [\"true\"]")
+    if blamed == "lab.yaml":
+        tmplab.write_lab("    base_python: [no]\n")
+    tmplab.write_profile("p", profile)
+    with pytest.raises(ConfigError) as e:
+        load(tmplab, pipeline, profile="p")
+    msg = e.value.message
+    assert key in msg, msg
+    named = msg.split(key)[0].rsplit("\n", 1)[-1]  # the text before the key: its file
+    assert named.rstrip(": ").endswith(blamed) or f"/{blamed}:" in named, msg
+    other = {"profiles/p.yaml": "pipeline.yaml", "pipeline.yaml": "profiles/p.yaml", "lab.yaml": "profiles/p.yaml"}
+    assert f"/{other[blamed]}:" not in named, msg

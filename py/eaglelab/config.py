@@ -395,13 +395,27 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _has_path(data: Any, loc: tuple) -> bool:
-    for part in loc:
+def _depth(data: Any, loc: tuple) -> int:
+    """How many leading parts of loc the data holds (`stages.train.host` in a file: 3)."""
+    for n, part in enumerate(loc):
         if isinstance(data, dict) and part in data:
             data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
         else:
-            return False
-    return True
+            return n
+    return len(loc)
+
+
+def key_file(loc: tuple, files: list[Path], sections: list[dict]) -> Path:
+    """The file that holds the key at loc. Of files holding the whole key, the last (the profile:
+    its value wins the merge); for a key none holds (missing), the one holding the most of its
+    path (the stage or host it belongs to), the first of equals (where that was defined)."""
+    depths = [_depth(sec, loc) for sec in sections]
+    whole = [i for i, d in enumerate(depths) if d == len(loc)]
+    if whole:
+        return files[whole[-1]]
+    return files[max(range(len(files)), key=lambda i: (depths[i], -i))]
 
 
 def _validate(model: type[BaseModel], data: dict, files: list[Path], sections: list[dict]):
@@ -412,8 +426,7 @@ def _validate(model: type[BaseModel], data: dict, files: list[Path], sections: l
         for err in e.errors():
             loc = tuple(err["loc"])
             key = ".".join(str(p) for p in loc) or "(top level)"
-            # Name the file that set the key: the profile if it did, else the base file.
-            file = next((f for f, s in reversed(list(zip(files, sections))) if _has_path(s, loc[:2])), files[0])
+            file = key_file(loc, files, sections)
             bad = err.get("input")
             hint = err["msg"]
             if err["type"] == "extra_forbidden":
@@ -482,10 +495,13 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
     lab = _validate(LabConfig, _deep_merge(lab_raw, prof_lab), [lab_file, prof_file], [lab_raw, prof_lab])
     pipe = _validate(PipelineConfig, _deep_merge(pipe_raw, prof_pipe), [pipe_file, prof_file],
                      [pipe_raw, prof_pipe])
+    lab_files, pipe_files = [lab_file, prof_file], [pipe_file, prof_file]
+    lab_at = lambda *loc: key_file(loc, lab_files, [lab_raw, prof_lab])  # noqa: E731 - the file holding a key
+    pipe_at = lambda *loc: key_file(loc, pipe_files, [pipe_raw, prof_pipe])  # noqa: E731
     for name in lab.hosts:
-        check_name("host", name, f"{lab_file} (or {prof_file}): hosts")
+        check_name("host", name, f"{lab_at('hosts', name)}: hosts")
     for name in pipe.stages:
-        check_name("stage", name, f"{pipe_file} (or {prof_file}): stages")
+        check_name("stage", name, f"{pipe_at('stages', name)}: stages")
     for name, h in lab.hosts.items():
         h.name = name
         if h.reach == "slurm" and h.slurm is None:
@@ -501,34 +517,40 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
         pipe.stages[name].host = host
     for name, s in pipe.stages.items():
         s.name = name
-        where = f"{pipe_file}: stages.{name}"
+
+        def where(key: str, stage: str = name) -> str:
+            return f"{pipe_at('stages', stage, key)}: stages.{stage}.{key}"
         if s.host not in lab.hosts:
-            raise ConfigError(f"{where}.host = {s.host!r}: no such host in {lab_file}"
+            raise ConfigError(f"{where('host')} = {s.host!r}: no such host in {lab_file}"
+                              f"{f' or {prof_file}' if prof_lab.get('hosts') else ''}"
                               f"{did_you_mean(s.host, lab.hosts)}; hosts: {', '.join(lab.hosts)}")
         for key in ("depends_on", "needs"):
             for d in getattr(s, key):
                 if d not in pipe.stages:
-                    raise ConfigError(f"{where}.{key}: no stage {d!r}{did_you_mean(d, pipe.stages)}")
+                    raise ConfigError(f"{where(key)}: no stage {d!r}{did_you_mean(d, pipe.stages)}")
         for d in s.needs:
             if pipe.stages[d].kind != "service":
-                raise ConfigError(f"{where}.needs: {d!r} is a job; list jobs under depends_on")
+                raise ConfigError(f"{where('needs')}: {d!r} is a job; list jobs under depends_on")
         if s.kind == "service" and s.ready is None:
-            raise ConfigError(f"{where}: a service needs `ready:` (log_regex or url)")
+            raise ConfigError(f"{pipe_at('stages', name, 'kind')}: stages.{name}: a service needs `ready:` "
+                              f"(log_regex or url)")
     for k, v in pipe.vars.items():
         if isinstance(v, (dict, list)) or v is None:
-            where = prof_file if k in (prof_pipe.get("vars") or {}) else pipe_file
-            raise ConfigError(f"{where}: vars.{k} is a {type(v).__name__}; a var is a string or a number "
-                              f"(it is substituted into command lines)")
+            raise ConfigError(f"{pipe_at('vars', k)}: vars.{k} is a {type(v).__name__}; a var is a string or a "
+                              f"number (it is substituted into command lines)")
     for name, h in lab.hosts.items():
         for other in h.direct_to:
             if other not in lab.hosts:
-                raise ConfigError(f"{lab_file}: hosts.{name}.direct_to: no host {other!r}{did_you_mean(other, lab.hosts)}")
+                raise ConfigError(f"{lab_at('hosts', name, 'direct_to')}: hosts.{name}.direct_to: no host {other!r}"
+                                  f"{did_you_mean(other, lab.hosts)}")
     cfg = Config(lab, pipe, profile, conf_dir)
     from . import placement  # the transfers this placement needs become stages of their own
     placement.add_transfer_stages(cfg)
     cfg.stage_order()  # refuses cycles now, not at launch
-    for s in pipe.stages.values():  # and unknown ${vars}
+    for s in pipe.stages.values():  # and unknown ${vars}, blamed on the file that wrote the value
         variables = cfg.vars_for(s)
-        for value in [*s.command, *s.env.values(), *s.inputs, *s.outputs]:
-            cfg.render(s, value, variables)
+        for key in ("command", "env", "inputs", "outputs"):
+            value = getattr(s, key)
+            for v in value.values() if isinstance(value, dict) else value:
+                render_template(v, variables, f"stage {s.name!r} in {pipe_at('stages', s.name, key)}")
     return cfg
