@@ -342,7 +342,7 @@ def _log_tail(st: WebState, status: dict, run: dict) -> tuple[list[str], str]:
     if st.lab is None:
         return [], "no lab: logs are not available"
     host = next((h for h in status.get("hosts") or [] if isinstance(h, dict) and h.get("name") == run.get("host")), {})
-    if host and not host.get("reachable", True):
+    if host and host.get("reachable") is False:
         return [], f"host {run.get('host')} is unreachable: the log cannot be read now"
     try:
         size = int(run.get("log_size") or 0)

@@ -64,7 +64,7 @@ class StatusCollector:
             if name in last_ok:
                 success.add_metric([host, name], last_ok[name])
         for h in status.get("hosts") or []:
-            if isinstance(h, dict):
+            if isinstance(h, dict) and h.get("reachable") is not None:  # never asked: unknown, not down
                 up.add_metric([str(h.get("name"))], 1.0 if h.get("reachable") else 0.0)
         fin = finish_times(status.get("pipeline"), now)
         if fin:

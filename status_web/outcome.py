@@ -112,7 +112,7 @@ class OutcomeReader:
 def outcome(status: dict, kinds: dict[str, str], figures) -> dict:
     """The verdict and figures of the latest eval run, coverage of the latest vocab run, and one
     history row per finished eval run (newest first). `figures(run, kind, unreachable)` reads a log."""
-    unreachable = {h.get("name") for h in status.get("hosts") or [] if isinstance(h, dict) and not h.get("reachable", True)}
+    unreachable = {h.get("name") for h in status.get("hosts") or [] if isinstance(h, dict) and h.get("reachable") is False}
     runs = [r for r in status.get("runs") or [] if isinstance(r, dict) and r.get("stage") in kinds]
     evals = [r for r in runs if kinds[r["stage"]] == "eval" and r.get("state") in FINAL]
     vocabs = [r for r in runs if kinds[r["stage"]] == "vocab" and r.get("state") == "completed"]

@@ -450,3 +450,16 @@ def test_a_slow_poller_writing_last_never_sets_an_ended_run_back_to_running(tmpl
     lab.registry.sync_host("local", stale, as_of=_time.time() + 60)  # however late it claims to be
     assert lab.registry.latest("first")["state"] == "completed"
     tmplab.lab("run", "second")
+
+
+def test_status_without_refresh_shows_a_never_contacted_host_as_not_contacted_yet(tmplab):
+    tmplab.write_pipeline(DEPENDENT)
+    before = tmplab.lab("status", "--no-refresh")
+    (row,) = [ln for ln in before.stdout.splitlines() if "local" in ln and "reach" not in ln][:1]
+    assert "not contacted yet" in row and " ok " not in row, before.stdout
+    host = json.loads(tmplab.lab("status", "--no-refresh", "--json").stdout)["hosts"][0]
+    assert (host["contacted"], host["reachable"]) == (False, None)
+    tmplab.lab("status")  # asks the host
+    after = json.loads(tmplab.lab("status", "--no-refresh", "--json").stdout)["hosts"][0]
+    assert (after["contacted"], after["reachable"]) == (True, True)
+    assert "not contacted yet" not in tmplab.lab("status", "--no-refresh").stdout

@@ -462,3 +462,17 @@ def test_a_big_lab_keeps_the_timeline_readable():
     tl = model.timeline(status, web_samples.NOW)
     assert tl["hidden"] >= 100 and {"extract", "vocab", "train"} <= {r["stage"] for r in tl["rows"]}
     assert "finished stages off the critical path not shown" in text(sample_app(status).test_client().get("/"))
+
+
+def test_a_host_never_contacted_is_shown_so_not_as_reachable(lab):
+    app = lab_app(lab, ask_hosts=False)  # the registry only: nobody has asked the host
+    c = app.test_client()
+    host = c.get("/api/status").get_json()["hosts"][0]
+    assert (host["contacted"], host["reachable"]) == (False, None)
+    page = text(c.get("/hosts"))
+    row = page[page.index('id="host-local"'):].split("</tr>")[0]
+    assert "not contacted yet" in row and ">reachable<" not in row and ">unreachable<" not in row
+    assert "eaglelab_host_up{" not in text(c.get("/metrics"))  # unknown is not down
+    lab.refresh()
+    app.extensions["eaglelab"].snapshot.refresh_now()
+    assert ">reachable<" in text(c.get("/hosts"))

@@ -108,7 +108,12 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
         hosts.add_column(col, no_wrap=True)
     hosts.add_column("GPUs", overflow="fold")
     for h in st["hosts"]:
-        state = "ok" if h["reachable"] else f"[magenta]unreachable since {esc(fmt_clock(h['unreachable_since']))}[/]"
+        if h.get("reachable") is None:
+            state = "[dim]not contacted yet[/]"
+        elif h["reachable"]:
+            state = "ok"
+        else:
+            state = f"[magenta]unreachable since {esc(fmt_clock(h['unreachable_since']))}[/]"
         gpus = h.get("gpus")
         gtxt = "none" if gpus is None else ", ".join(
             f"{g.get('utilization_pct') or 0:.0f}% {(g.get('memory_used_mib') or 0) / 1024:.0f}/"

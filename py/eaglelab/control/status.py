@@ -20,7 +20,10 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
     hosts = []
     for name, h in lab.cfg.hosts.items():
         seen = hosts_seen.get(name, {})
-        hosts.append({"name": name, "reach": h.reach, "reachable": seen.get("reachable", not errors.get(name)),
+        # a host nobody has asked yet (`--no-refresh`, a host just added) is not known to be up
+        contacted = name in hosts_seen or name in errors
+        hosts.append({"name": name, "reach": h.reach, "contacted": contacted,
+                      "reachable": seen.get("reachable", not errors.get(name)) if contacted else None,
                       "unreachable_since": seen.get("unreachable_since"), "checked_at": seen.get("checked_at"),
                       "error": errors.get(name) or (seen.get("error") if not seen.get("reachable", True) else None),
                       "gpus": seen.get("gpus"), "gpus_configured": h.gpus,
@@ -28,7 +31,7 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
                       "bad_runs": seen.get("bad_runs") or [],
                       **({"slurm": {"partition": h.slurm.partition, "error": seen.get("slurm_error")}}
                          if h.reach == "slurm" and h.slurm else {})})
-    unreachable = {h["name"] for h in hosts if not h["reachable"]}
+    unreachable = {h["name"] for h in hosts if h["reachable"] is False}
     runs = []
     for r in lab.registry.runs():
         run = {k: r.get(k) for k in RUN_FIELDS}
