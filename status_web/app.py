@@ -21,6 +21,7 @@ from flask import Flask, Response, abort, jsonify, redirect, render_template, re
 
 from . import metrics as metrics_mod
 from . import model, svg
+from .config_watch import ConfigStale, ConfigWatch
 from .snapshot import ProcessSnapshot, Snapshot, serve_refreshes
 
 LOG_TAIL_BYTES = 64 * 1024
@@ -29,36 +30,51 @@ ACTION_WAIT_S = 10.0
 
 @dataclass
 class WebState:
-    lab: object | None  # eaglelab.control.lab.Lab (None: read-only, e.g. a replayed status)
+    watch: ConfigWatch | None  # the lab, reloaded when its files change (None: read-only, e.g. a replayed status)
     snapshot: Snapshot | ProcessSnapshot
     token: str | None
     read_token: bool
     allowed_hosts: frozenset[str]  # Host header names answered (without the port)
+
+    @property
+    def lab(self):
+        """The lab as last loaded (for reading: log tails); actions take watch.for_action()."""
+        return self.watch.lab if self.watch is not None else None
 
 
 def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
                source: Callable[[], dict] | None = None, token: str | None = None, read_token: bool = False,
                refresh_s: float = 2.0, start: bool = True, clock: Callable[[], float] = time.time,
                refresher: str = "thread", ask_hosts: bool = True, bind_host: str | None = None,
-               allowed_hosts: list[str] | None = None) -> Flask:
+               allowed_hosts: list[str] | None = None, follow_profile: bool = False) -> Flask:
     """The app for a lab (or Lab.load(conf, profile)). `source` replaces collect(lab) (benchmarks,
     tests); `token` defaults to the env var named by lab.yaml's web.token_env; `start=False` leaves
     the background refresh to the caller (app.extensions['eaglelab'].snapshot.refresh_now()).
     refresher="process" (what `lab web` uses) refreshes in a child process: see snapshot.py.
     ask_hosts=False reads the registry only (benchmarks). Requests are answered only for a Host
     header naming `bind_host`, localhost, 127.0.0.1, ::1 or one of `allowed_hosts` (default:
-    lab.yaml web.allowed_hosts): a DNS-rebinding page's requests name its own domain."""
+    lab.yaml web.allowed_hosts): a DNS-rebinding page's requests name its own domain.
+    The lab is reloaded when its configuration files change (config_watch.py); follow_profile:
+    a reload takes the profile lab.yaml names then (else the lab's profile stays)."""
     source_given = source is not None
     if lab is None and source is None:
         from eaglelab.control.lab import Lab
         lab = Lab.load(conf, profile)
+        follow_profile = follow_profile or profile is None
+    watch = ConfigWatch(lab, profile=None if follow_profile else lab.cfg.profile) if lab is not None else None
     if source is None:
         from eaglelab.control.status import collect
         from .outcome import OutcomeReader
-        outcome_of = OutcomeReader(lab)
+        readers: dict = {}
 
         def source() -> dict:
-            status = collect(lab, refresh=ask_hosts)
+            current_lab = watch.check()  # a changed file is seen before the hosts are asked
+            outcome_of = readers.get(id(current_lab))
+            if outcome_of is None:  # one reader per loaded lab (its stages and hosts)
+                readers.clear()
+                outcome_of = readers[id(current_lab)] = OutcomeReader(current_lab)
+            status = collect(current_lab, refresh=ask_hosts)
+            status["config"] = watch.view()
             try:
                 return outcome_of(status)
             except Exception as e:  # noqa: BLE001 - the status still serves; the banner says why
@@ -66,12 +82,13 @@ def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
                 return status
     if token is None and lab is not None:
         token = os.environ.get(lab.cfg.lab.web.token_env) or None
-    local_hosts = (lambda: {n for n, h in lab.cfg.hosts.items() if h.reach == "local"}) if lab else set
+    local_hosts = (lambda: {n for n, h in watch.lab.cfg.hosts.items() if h.reach == "local"}) if watch else set
     if refresher == "process":
         if lab is None or source_given:
             raise ValueError("refresher='process' needs a lab loaded from its conf (no `source`)")
-        snap = ProcessSnapshot(_refresher_main, {"conf": str(lab.cfg.conf_dir), "profile": lab.cfg.profile, "token": token,
-                                "read_token": read_token, "ask_hosts": ask_hosts}, refresh_s)
+        snap = ProcessSnapshot(_refresher_main, {"conf": str(lab.cfg.conf_dir), "profile": watch.profile,
+                                                 "follow_profile": follow_profile, "token": token,
+                                                 "read_token": read_token, "ask_hosts": ask_hosts}, refresh_s)
     else:
         snap = Snapshot(source, refresh_s, local_hosts=local_hosts, clock=clock)
 
@@ -83,7 +100,7 @@ def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
 
     app = Flask(__name__)
     app.config["JSON_SORT_KEYS"] = False
-    state = WebState(lab, snap, token or None, read_token, frozenset(names))
+    state = WebState(watch, snap, token or None, read_token, frozenset(names))
     app.extensions["eaglelab"] = state
     _routes(app, state, clock)
     if start:
@@ -136,6 +153,13 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
             return unauthorized("reading needs the token: Authorization: Bearer <token> (or open ?token=...)")
         return None
 
+    def action_lab():
+        """The lab to act with, its files checked just now (never a stale or broken configuration)."""
+        try:
+            return st.watch.for_action()
+        except ConfigStale as e:
+            abort(_json_error(409, str(e)))
+
     def require_action_token():
         if not st.token:
             abort(_json_error(403, "actions are disabled: the server has no token configured "
@@ -170,6 +194,7 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
         def make() -> bytes:
             now = clock()
             return render_template(template, partial=partial, snap=s, now=now, refresh_error=snap.error,
+                                   config_note=model.config_view(s.status, now),
                                    actions=bool(st.token and st.lab), **build(s.status, now)).encode()
         return s.cached((template, key, partial), make)
 
@@ -287,20 +312,22 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
     @app.post("/api/stages/<name>/rerun")
     def rerun(name: str):
         require_action_token()
-        if name not in st.lab.cfg.stages:
-            return _json_error(404, f"no stage {name!r}; stages: {', '.join(st.lab.cfg.stages)}")
+        lab = action_lab()
+        if name not in lab.cfg.stages:
+            return _json_error(404, f"no stage {name!r}; stages: {', '.join(lab.cfg.stages)}")
         out = io.StringIO()
-        return _in_background(lambda: st.lab.run(name, force=True, wait=False, out=out), out, snap)
+        return _in_background(lambda: lab.run(name, force=True, wait=False, out=out), out, snap)
 
     @app.post("/api/runs/<run_id>/stop")
     def stop(run_id: str):
         require_action_token()
+        lab = action_lab()
         run = _find_run(current().status, run_id)
         if run is None:
             return _json_error(404, f"no run {run_id!r}")
         if run.get("state") not in ("running", "pending", "stalled"):
             return _json_error(409, f"{run_id} is not running ({run.get('state')})")
-        return _in_background(lambda: st.lab.stop(run_id), io.StringIO(), snap)
+        return _in_background(lambda: lab.stop(run_id), io.StringIO(), snap)
 
     @app.errorhandler(404)
     def not_found(e):

@@ -59,6 +59,25 @@ def fmt_clock(t: float | None, now: float) -> str:
     return time.strftime("%H:%M" if abs(t - now) < 20 * 3600 else "%a %H:%M", lt)
 
 
+def config_view(status: dict, now: float) -> dict:
+    """The configuration notice: the error that stands (a banner), else the last reload (a note),
+    each with its clock time and the files (relative to the conf dir)."""
+    cfg = status.get("config") if isinstance(status, dict) else None
+    if not isinstance(cfg, dict):
+        return {}
+
+    def shown(event) -> dict | None:
+        if not isinstance(event, dict):
+            return None
+        t = ts(event.get("at"))
+        files = [str(f) for f in event.get("files") or []]
+        base = str(cfg.get("conf_dir") or "").rstrip("/") + "/"
+        short = [f[len(base):] if base != "/" and f.startswith(base) else f for f in files]
+        return {"at": time.strftime("%H:%M:%S", time.localtime(t)) if t is not None else "",
+                "files": ", ".join(short) or "a file", "paths": files, "message": str(event.get("message") or "")}
+    return {"error": shown(cfg.get("error")), "reloaded": shown(cfg.get("reloaded"))}
+
+
 def guarded(build: Callable[[], dict], fallback: dict) -> dict:
     """build(), or fallback with the error named: one odd record never takes the page down."""
     try:

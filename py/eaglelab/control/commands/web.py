@@ -37,8 +37,9 @@ def web(ctx: click.Context, host: str | None, port: int | None, refresh_s: float
     if access_log:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     _check_port(host, port)  # before starting the refresher (the server would exit with its own words)
+    # without --profile a reload follows lab.yaml's `profile:` (the config is reloaded when it changes)
     app = create_app(lab, token=token, read_token=read_token, refresh_s=refresh_s, refresher="process",
-                     bind_host=host)
+                     bind_host=host, follow_profile=ctx.obj.profile is None)
     server = web_server.make(app, host, port, access_log=access_log)
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"lab web: http://{shown}:{server.effective_port}/ (profile {lab.cfg.profile}; actions "

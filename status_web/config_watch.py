@@ -1,0 +1,110 @@
+"""The page's lab, kept as current as its configuration files: `lab web` runs for days while people
+edit conf/, and an action must never run a stage as the files said hours ago.
+
+`check()` compares the bytes of lab.yaml, pipeline.yaml and the profile with what was loaded; when
+one changed, the lab is loaded again. A reload that fails keeps the last good lab for reading (the
+page stays up, the error in a banner) and `for_action()` refuses with that error until the files
+load again. The refresher calls `check()` before each status refresh, the actions `for_action()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from eaglelab.fsutil import utcnow_iso
+
+
+class ConfigStale(Exception):
+    """The configuration files changed and do not load: no action until they do."""
+
+
+def config_files(cfg) -> list[Path]:
+    """The files a loaded Config came from (the profile's only when one is in use)."""
+    files = [cfg.conf_dir / "lab.yaml", cfg.conf_dir / "pipeline.yaml"]
+    if cfg.profile != "none":
+        files.append(cfg.conf_dir / "profiles" / f"{cfg.profile}.yaml")
+    return files
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:  # removed, unreadable: a change too (the load will say what is wrong)
+        return None
+
+
+class ConfigWatch:
+    """The current Lab of a conf dir. `profile`: None to follow lab.yaml's `profile:` on reload
+    (`lab web` without --profile), else that profile stays."""
+
+    def __init__(self, lab, profile: str | None = None, loader: Callable | None = None,
+                 clock: Callable[[], float] = time.time):
+        self._lab = lab
+        self.conf_dir = lab.cfg.conf_dir
+        self.profile = profile
+        self.clock = clock
+        self._loader = loader
+        self._seen = self._digests(config_files(lab.cfg))  # what the current lab was loaded from
+        self._failed: dict[str, str | None] | None = None  # the files as the failed reload read them
+        self.loaded_at = utcnow_iso(clock())
+        self.reloaded: dict | None = None  # {"at", "files"}: the last reload that worked
+        self.error: dict | None = None  # {"at", "files", "message"}: the files do not load now
+        self._lock = threading.Lock()
+
+    @property
+    def lab(self):
+        return self._lab
+
+    @staticmethod
+    def _digests(files: list[Path]) -> dict[str, str | None]:
+        return {str(f): _digest(f) for f in files}
+
+    def check(self):
+        """The lab, reloaded first if a file changed since it was loaded (or since a failed reload)."""
+        with self._lock:
+            now_seen = self._digests([Path(p) for p in self._seen])
+            if now_seen == self._seen:
+                if self.error is not None:  # put back as they were: the loaded lab is current again
+                    self.error, self._failed = None, None
+                return self._lab
+            if now_seen == self._failed:
+                return self._lab  # the same broken files: the error stands, no reload every refresh
+            changed = [p for p, d in now_seen.items() if d != self._seen.get(p)]
+            try:
+                lab = self._load()
+            except Exception as e:  # noqa: BLE001 - any failure keeps the page up, and is shown
+                self._failed = now_seen
+                self.error = {"at": utcnow_iso(self.clock()), "files": changed,
+                              "message": getattr(e, "message", None) or f"{type(e).__name__}: {e}"}
+                return self._lab
+            self._lab = lab
+            new_files = config_files(lab.cfg)  # the profile itself may have changed (lab.yaml's `profile:`)
+            self._seen = self._digests(new_files)
+            changed += [str(f) for f in new_files if str(f) not in now_seen]
+            self._failed, self.error = None, None
+            self.loaded_at = utcnow_iso(self.clock())
+            self.reloaded = {"at": self.loaded_at, "files": changed}
+            return lab
+
+    def for_action(self):
+        """The lab to act with, the files checked just now; ConfigStale when they do not load."""
+        lab = self.check()
+        if self.error is not None:
+            raise ConfigStale(f"the configuration changed at {self.error['at']} and does not load, so no action "
+                              f"runs until it does (the page shows the last good one): {self.error['message']}")
+        return lab
+
+    def view(self) -> dict:
+        """status["config"]: where the lab came from, the last reload, the error that stands."""
+        return {"conf_dir": str(self.conf_dir), "files": list(self._seen), "loaded_at": self.loaded_at, "reloaded": self.reloaded,
+                "error": self.error}
+
+    def _load(self):
+        if self._loader is not None:
+            return self._loader(str(self.conf_dir), self.profile)
+        from eaglelab.control.lab import Lab
+        return Lab.load(str(self.conf_dir), self.profile)
