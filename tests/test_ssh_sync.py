@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -80,3 +81,76 @@ def test_sync_makes_the_venv_from_the_lock_and_preflight_tracks_drift(sshlab, tm
     sshlab.lab("run", "use", "--quiet")
     (run_id,) = host_run_ids(sshlab, "h3")
     assert b"tinypkg 1.0" in (sshlab.run_dir("h3", run_id) / "output.log").read_bytes()
+
+
+# -- a host without a package index: the wheelhouse ------------------------------------------------
+
+WHEELHOUSE_LOCK = "blinker==1.9.0\nsix==1.17.0\nmarkupsafe==3.0.3\n"  # two pure-python wheels, one built for the platform
+
+
+def test_sync_with_a_wheelhouse_built_here_for_the_hosts_platform(sshlab, tmp_path: Path):
+    """`lab wheelhouse h2` downloads the lock's wheels on the controller for h2's platform (asked of
+    h2's python: markupsafe is a cp311 manylinux wheel), cached by the lock's digest; `lab sync h2
+    --wheelhouse` copies them into h2's own home and installs from them alone (no index, h2's pip
+    configuration not read)."""
+    from eaglelab.control.wheelhouse import PLATFORM_SCRIPT, target_from_facts
+    lock = tmp_path / "wh.lock"
+    lock.write_text(WHEELHOUSE_LOCK)
+    base_python = getattr(sys, "_base_executable", None) or "python3"
+    script = "import blinker, six, markupsafe; print('imported', six.__version__, markupsafe.escape('<x>'))"
+    sshlab.write({"use": {"host": "h2", "command": ["${python}", "-c", script]}}, hosts=["h2"], lock=str(lock),
+                 extra_host={"repo_dir": "~/eaglelab-wheelhouse", "python": ".venv/bin/python",
+                             "base_python": base_python})
+    home = sshlab.net.home("h2")
+
+    built = sshlab.lab("wheelhouse", "h2", timeout=300)
+    cache = sshlab.logs / "wheelhouse"
+    (wh,) = [d for d in cache.iterdir() if d.is_dir()]
+    facts = json.loads(subprocess.run([base_python, "-c", PLATFORM_SCRIPT], capture_output=True, text=True).stdout)
+    assert wh.name.endswith(target_from_facts(facts).key()), wh.name
+    wheels = sorted(p.name for p in wh.glob("*.whl"))
+    assert len(wheels) == 3 and any(w.startswith("markupsafe-3.0.3-cp311-") and "manylinux" in w for w in wheels), wheels
+    assert "3 wheels" in built.stdout and "downloaded in" in built.stdout
+    manifest = (wh / "wheelhouse.json").read_text()
+    again = sshlab.lab("wheelhouse", "h2", timeout=120)
+    assert "(cached)" in again.stdout and (wh / "wheelhouse.json").read_text() == manifest
+
+    out = sshlab.lab("sync", "h2", "--wheelhouse", timeout=300).stdout
+    assert "(cached)" in out and "h2 done" in out, out
+    copied = home / "eaglelab-wheelhouse" / ".eaglelab" / "wheelhouse" / wh.name
+    assert sorted(p.name for p in copied.glob("*.whl")) == wheels  # on the host's own disk
+    checks = preflight_checks(sshlab, "use")
+    assert all(c["verdict"] == "PASS" for c in checks.values()), checks
+    sshlab.lab("run", "use", "--quiet")
+    (run_id,) = host_run_ids(sshlab, "h2")
+    assert b"imported 1.17.0 &lt;x&gt;" in (sshlab.run_dir("h2", run_id) / "output.log").read_bytes()
+
+    # a changed lock is another wheelhouse; a pin with no wheel for the platform is named
+    lock.write_text(WHEELHOUSE_LOCK + "markupsafe-missing-pkg==0.0.1\n")
+    bad = sshlab.lab("wheelhouse", "h2", check=False, timeout=300)
+    assert bad.returncode != 0 and "markupsafe-missing-pkg" in bad.stderr and "pip download" in bad.stderr
+    assert [d.name for d in cache.iterdir()] == [wh.name]  # nothing half-made left behind
+
+
+def test_a_wheelhouse_for_a_platform_given_by_options_asks_no_host(sshlab, tmp_path: Path):
+    lock = tmp_path / "pure.lock"
+    lock.write_text("six==1.17.0\n")
+    sshlab.write({"use": {"host": "h1", "command": ["true"]}}, hosts=["h1"], lock=str(lock),
+                 extra_host={"ssh": {"host": "h1", "config_file": "/nonexistent/ssh_config"}})
+    out = sshlab.lab("wheelhouse", "h1", "--platform", "manylinux_2_28_aarch64", "--python-version", "3.12",
+                     timeout=300).stdout
+    assert "cp312-manylinux_2_28_aarch64" in out and "1 wheels" in out
+    refused = sshlab.lab("wheelhouse", "h1", "--platform", "manylinux_2_28_aarch64", check=False)
+    assert refused.returncode != 0 and "--python-version" in refused.stderr
+
+
+def test_the_tags_of_a_hosts_platform():
+    from eaglelab.control.wheelhouse import target_from_facts
+    t = target_from_facts({"implementation": "cpython", "python_version": "3.12", "abiflags": "", "machine": "aarch64",
+                           "system": "linux", "libc": "glibc", "libc_version": "2.28"})
+    assert t.platforms[0] == "manylinux_2_28_aarch64" and "manylinux2014_aarch64" in t.platforms
+    assert t.platforms[-1] == "linux_aarch64" and "manylinux_2_29_aarch64" not in t.platforms
+    assert t.abis == ("cp312",) and t.key() == "cp312-manylinux_2_28_aarch64"
+    args = t.pip_args()
+    assert args[:2] == ["--platform", "manylinux_2_28_aarch64"] and ["--python-version", "3.12"] == \
+        args[args.index("--python-version"):args.index("--python-version") + 2]
