@@ -544,13 +544,13 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
                 raise ConfigError(f"{lab_at('hosts', name, 'direct_to')}: hosts.{name}.direct_to: no host {other!r}"
                                   f"{did_you_mean(other, lab.hosts)}")
     cfg = Config(lab, pipe, profile, conf_dir)
-    from . import placement  # the transfers this placement needs become stages of their own
-    placement.add_transfer_stages(cfg)
-    cfg.stage_order()  # refuses cycles now, not at launch
-    for s in pipe.stages.values():  # and unknown ${vars}, blamed on the file that wrote the value
+    for s in pipe.stages.values():  # unknown ${vars}, before placement renders them; blamed on their file
         variables = cfg.vars_for(s)
         for key in ("command", "env", "inputs", "outputs"):
             value = getattr(s, key)
             for v in value.values() if isinstance(value, dict) else value:
                 render_template(v, variables, f"stage {s.name!r} in {pipe_at('stages', s.name, key)}")
+    from . import placement  # the transfers this placement needs become stages of their own
+    placement.add_transfer_stages(cfg)
+    cfg.stage_order()  # refuses cycles now, not at launch
     return cfg
