@@ -11,7 +11,7 @@ from typing import Any
 from eaglelab.figures import seconds
 
 from .history import HISTORY_WIDEN, WHOLE_RUN, ZERO, History, Span, phase_estimate, phase_template
-from .prior import Prior, stage_estimate
+from .prior import Prior, learned_span, stage_estimate
 
 READY_PHASES = ("ready", "serving")  # a service is "done" for the DAG once its log says it is ready
 
@@ -174,7 +174,8 @@ def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: d
         if state == "completed":
             end = _epoch(run.get("ended_at")) or now
             rec.update(eta=end, low=end, high=end, source="done", basis="done")
-        elif state == "running" and name in run_etas and run_etas[name].get("eta_s") is not None:
+        elif (state == "running" and name in run_etas and run_etas[name].get("eta_s") is not None
+              and not _size_knows_better(run_etas[name], history, name, st.get("host", ""), profile, priors)):
             e = run_etas[name]
             src = e.get("source", "progress")
             rec.update(eta=now + e["eta_s"], low=now + e["eta_low_s"], high=now + e["eta_high_s"],
@@ -225,6 +226,16 @@ def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: d
                   "critical_path": path, "unknown": []}
 
 
+def _size_knows_better(run_eta_: dict, history: History, name: str, host: str, profile: str,
+                       priors: dict[str, dict]) -> bool:
+    """A running run estimated from earlier runs' durations alone (no bar of its own) is better
+    estimated from a rate learned per unit x today's size, when one was learned: the size may
+    have changed since."""
+    if run_eta_.get("source") in ("progress", "mixed") or name not in priors:
+        return False
+    return learned_span(history, name, host, profile, Prior.from_dict(priors[name])) is not None
+
+
 def annotate(status: dict, history: dict | History | None, now: float, priors: dict[str, dict] | None = None) -> dict:
     """Add ETA fields to a `lab status --json` object (a new dict; existing fields are kept as they are).
 
@@ -259,6 +270,11 @@ def annotate(status: dict, history: dict | History | None, now: float, priors: d
             s["eta"]["start_at"] = _iso(m["start"])  # (no start time for a stage whose finish is unknown)
         if m.get("assumes_rerun"):
             s["eta"]["assumes_rerun"] = True
+        run = next((r for r in runs if r.get("id") == s.get("latest_run") and r.get("eta")), None)
+        if run is not None and m["source"] in ("prior", "learned"):
+            # the run's own ETA had nothing better (no bar): it says what the stage says
+            run["eta"] = {**run["eta"], **{k: s["eta"][k] for k in ("eta_s", "eta_low_s", "eta_high_s", "finish_at",
+                                                                    "source", "basis") if k in s["eta"]}}
     out["stages"] = stages
     out["pipeline"] = pipe
     return out
