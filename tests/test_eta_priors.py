@@ -218,3 +218,18 @@ def test_sizes_are_measured_cheaply_on_the_host(tmp_path):
         assert got["size"] == pytest.approx(50_000, rel=0.01) and "estimated" in got["how"]
     finally:
         sizes.LINE_SAMPLE_BYTES = old
+
+
+def test_the_page_shows_a_fresh_pipelines_finish_and_what_each_estimate_rests_on(tmplab, monkeypatch):
+    from status_web import create_app
+    monkeypatch.delenv("EAGLELAB_TOKEN", raising=False)
+    setup(tmplab)
+    lab = Lab(config.load(tmplab.conf), Registry(tmplab.logs / "registry.sqlite"))
+    app = create_app(lab, start=False)
+    app.extensions["eaglelab"].snapshot.refresh_now()
+    page = app.test_client().get("/").get_data(as_text=True)
+    assert "Started now, the pipeline would be done at about" in page
+    assert 'id="eta-sources">(estimates: prior 4)' in page
+    # each predicted bar's tooltip says what it rests on
+    assert "silent: predicted" in page and "(prior: 5 samples at 10 samples/s (lines of" in page
+    assert "after: predicted" in page and "prior.expected 7, since" in page
