@@ -82,6 +82,11 @@ def test_a_fresh_pipeline_shows_a_finish_for_every_stage_before_any_ran(tmplab):
     # tokens of a plain file cannot be counted cheaply: the declared size, the reason said
     assert "plain file" in eta["tokens"]["basis"] and "prior.expected 1,000" in eta["tokens"]["basis"]
     assert eta["after"]["start_at"] == eta["silent"]["finish_at"]
+    # the terminal says it too: each stage's predicted finish and its source, the pipeline's
+    text = tmplab.lab("status").stdout
+    assert "started now, the pipeline would finish about" in text
+    assert all(any(line.startswith(f"│ {n} ") and line.rstrip(" │").endswith("prior") for line in text.splitlines())
+               for n in eta), text
 
 
 def test_after_a_run_the_learned_rate_replaces_the_prior(tmplab):
