@@ -238,3 +238,17 @@ def test_the_page_shows_a_fresh_pipelines_finish_and_what_each_estimate_rests_on
     # each predicted bar's tooltip says what it rests on
     assert "silent: predicted" in page and "(prior: 5 samples at 10 samples/s (lines of" in page
     assert "after: predicted" in page and "prior.expected 7, since" in page
+
+
+def test_sizes_are_measured_again_only_when_due(tmplab, monkeypatch):
+    """The page refreshes every 2 s; a size is measured again after MEASURE_EVERY_S, or when a run
+    ended since the last measurement, not at every refresh."""
+    from eaglelab.control import priors
+    setup(tmplab, rows=5)
+    lab = Lab(config.load(tmplab.conf), Registry(tmplab.logs / "registry.sqlite"))
+    silent = lambda: next(s["eta"] for s in collect(lab)["stages"] if s["name"] == "silent")  # noqa: E731
+    assert "5 samples" in silent()["basis"]
+    write_rows(tmplab.root / "rows.jsonl", 9)
+    assert "5 samples" in silent()["basis"]  # the last measurement, still fresh
+    monkeypatch.setattr(priors, "MEASURE_EVERY_S", 0.0)
+    assert "9 samples" in silent()["basis"]

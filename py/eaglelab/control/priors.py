@@ -5,8 +5,11 @@ so its duration teaches a rate (the learned prior)."""
 
 from __future__ import annotations
 
+import time
+
 from eaglelab import config as config_mod
 from eaglelab.config import StageConfig
+from eaglelab.fsutil import parse_iso
 
 from .lab import Lab
 
@@ -48,11 +51,11 @@ def stage_priors(lab: Lab, runs: list[dict], refresh: bool) -> dict[str, dict]:
     names = [n for n in lab.cfg.stage_order() if lab.cfg.stage(n).prior is not None]
     profile = lab.cfg.profile
     stored = lab.registry.input_sizes(profile)
-    fresh = measure_sizes(lab, names) if refresh else {}
+    known_units = {r["run_id"] for r in lab.registry.run_units()}
+    fresh = measure_sizes(lab, names) if refresh and _due(names, stored, runs, known_units) else {}
     keep = [{"stage": n, "profile": profile, **m} for n, m in fresh.items() if not m.get("unanswered")]
     lab.registry.record_input_sizes(keep)
     out, learn = {}, []
-    known_units = {r["run_id"] for r in lab.registry.run_units()}
     for name in names:
         s = lab.cfg.stage(name)
         p = s.prior
@@ -70,6 +73,22 @@ def stage_priors(lab: Lab, runs: list[dict], refresh: bool) -> dict[str, dict]:
                           "profile": latest.get("profile") or profile, "unit": p.unit, "units": units, "how": how})
     lab.registry.record_run_units(learn)
     return out
+
+
+MEASURE_EVERY_S = 60.0  # the page refreshes every 2 s: sizes change when a stage ends, not that often
+
+
+def _due(names: list[str], stored: dict[str, dict], runs: list[dict], known_units: set) -> bool:
+    """Measure again: a stage never measured, a measurement older than MEASURE_EVERY_S, or a
+    stage's latest run completed whose size is not recorded yet (it ended since)."""
+    if any(n not in stored for n in names):
+        return True
+    seen = {n: parse_iso(stored[n].get("measured_at")) or 0.0 for n in names}
+    if names and time.time() - min(seen.values()) > MEASURE_EVERY_S:
+        return True
+    latest = {r.get("stage"): r for r in runs}  # runs are oldest first
+    return any((latest.get(n) or {}).get("state") == "completed" and latest[n].get("id") not in known_units
+               and (parse_iso(latest[n].get("ended_at")) or 0.0) >= seen[n] for n in names)
 
 
 def _size(nums: dict, m: dict | None) -> tuple[float | None, str, str | None, bool]:
