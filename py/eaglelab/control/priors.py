@@ -52,7 +52,8 @@ def stage_priors(lab: Lab, runs: list[dict], refresh: bool) -> dict[str, dict]:
     profile = lab.cfg.profile
     stored = lab.registry.input_sizes(profile)
     known_units = {r["run_id"] for r in lab.registry.run_units()}
-    fresh = measure_sizes(lab, names) if refresh and _due(names, stored, runs, known_units) else {}
+    measured = [n for n in names if lab.cfg.stage(n).prior.measure]  # type: ignore[union-attr]
+    fresh = measure_sizes(lab, names) if refresh and _due(measured, stored, runs, known_units) else {}
     keep = [{"stage": n, "profile": profile, **m} for n, m in fresh.items() if not m.get("unanswered")]
     lab.registry.record_input_sizes(keep)
     out, learn = {}, []
