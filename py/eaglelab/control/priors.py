@@ -80,16 +80,22 @@ MEASURE_EVERY_S = 60.0  # the page refreshes every 2 s: sizes change when a stag
 
 
 def _due(names: list[str], stored: dict[str, dict], runs: list[dict], known_units: set) -> bool:
-    """Measure again: a stage never measured, a measurement older than MEASURE_EVERY_S, or a
-    stage's latest run completed whose size is not recorded yet (it ended since)."""
+    """Measure again: a stage never measured, a measurement older than MEASURE_EVERY_S, a run of
+    a stage that began since, or one that completed since and has no size recorded yet."""
     if any(n not in stored for n in names):
         return True
     seen = {n: parse_iso(stored[n].get("measured_at")) or 0.0 for n in names}
     if names and time.time() - min(seen.values()) > MEASURE_EVERY_S:
         return True
     latest = {r.get("stage"): r for r in runs}  # runs are oldest first
-    return any((latest.get(n) or {}).get("state") == "completed" and latest[n].get("id") not in known_units
-               and (parse_iso(latest[n].get("ended_at")) or 0.0) >= seen[n] for n in names)
+    for n in names:
+        r = latest.get(n) or {}
+        if (parse_iso(r.get("started_at")) or 0.0) >= seen[n]:
+            return True  # a run began since: on today's input
+        if (r.get("state") == "completed" and r.get("id") not in known_units
+                and (parse_iso(r.get("ended_at")) or 0.0) >= seen[n]):
+            return True
+    return False
 
 
 def _size(nums: dict, m: dict | None) -> tuple[float | None, str, str | None, bool]:
