@@ -16,7 +16,9 @@ def measure(path: str, unit: str, count: str | None = None, cwd: str = ".") -> d
 
     A directory with a manifest.json: its counts[count or unit] (bytes: its total_bytes); a plain
     directory: bytes only; a file: bytes, or its lines for samples/lines (one JSON row a line)."""
-    p = Path(cwd, path).expanduser()
+    p = Path(path).expanduser()  # "~/x" is the host user's home, wherever cwd is
+    if not p.is_absolute():
+        p = Path(cwd).expanduser() / p
     key = count or unit
     if not p.exists():
         return {"size": None, "reason": f"{path} is not there yet"}
