@@ -76,14 +76,16 @@ def measure_sizes(lab: Lab, plans: dict[str, _Plan]) -> dict[str, dict]:
     return out
 
 
-def stage_priors(lab: Lab, runs: list[dict], refresh: bool) -> dict[str, dict]:
-    """{stage: eaglelab.eta.prior.Prior fields} for every stage with a prior (declared, or a
-    transfer's); with refresh, sizes are measured when due (and stored), and the latest completed
-    run of a stage whose size is not recorded yet gets the measurement recorded."""
+def stage_priors(lab: Lab, runs: list[dict], refresh: bool) -> tuple[dict[str, dict], list[dict]]:
+    """({stage: eaglelab.eta.prior.Prior fields} for every stage with a prior (declared, or a
+    transfer's), the registry's run_units rows): with refresh, sizes are measured when due (and
+    stored), and the latest completed run of a stage whose size is not recorded yet gets the
+    measurement recorded."""
     plans = {n: plan for n in lab.cfg.stage_order() if (plan := _plan(lab, lab.cfg.stage(n))) is not None}
     profile = lab.cfg.profile
     stored = lab.registry.input_sizes(profile)
-    known_units = {r["run_id"] for r in lab.registry.run_units()}
+    units_rows = lab.registry.run_units()
+    known_units = {r["run_id"] for r in units_rows}
     measured = [n for n, plan in plans.items() if plan.requests]
     fresh = measure_sizes(lab, plans) if refresh and _due(measured, stored, runs) else {}
     keep = [{"stage": n, "profile": profile, **m} for n, m in fresh.items() if not m.get("unanswered")]
@@ -101,7 +103,7 @@ def stage_priors(lab: Lab, runs: list[dict], refresh: bool) -> dict[str, dict]:
                           "profile": latest.get("profile") or profile, "unit": plan.fields["unit"],
                           "units": units, "how": how})
     lab.registry.record_run_units(learn)
-    return out
+    return out, units_rows + learn
 
 
 MEASURE_EVERY_S = 60.0  # the page refreshes every 2 s: sizes change when a stage ends, not that often

@@ -59,6 +59,5 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
 def _annotate_eta(lab: Lab, status: dict, now: float, refresh: bool = False) -> dict:
     from eaglelab import eta
     from .priors import stage_priors
-    priors = stage_priors(lab, status["runs"], refresh)  # input sizes: measured on the hosts with refresh
-    return eta.annotate(status, {"phases": lab.registry.phase_history(), "units": lab.registry.run_units()},
-                        now, priors)
+    priors, units = stage_priors(lab, status["runs"], refresh)  # input sizes: measured on the hosts when due
+    return eta.annotate(status, {"phases": lab.registry.phase_history(), "units": units}, now, priors)
