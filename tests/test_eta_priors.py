@@ -252,3 +252,20 @@ def test_sizes_are_measured_again_only_when_due(tmplab, monkeypatch):
     assert "5 samples" in silent()["basis"]  # the last measurement, still fresh
     monkeypatch.setattr(priors, "MEASURE_EVERY_S", 0.0)
     assert "9 samples" in silent()["basis"]
+
+
+def test_a_services_earlier_lifetime_is_not_its_time_to_ready():
+    """A service's finished run lasted as long as stages needed it (the demo's serve_extract: 197 s,
+    ready after ~60); for the pipeline it is done once ready: its prior stands."""
+    now = parse_iso("2026-11-29T21:00:00Z")
+    hist = {"runs": [{"stage": "svc", "host": "h", "profile": "p", "duration_s": 5000.0, "run_id": "svc-0"}]}
+    st = {"schema": 1, "profile": "p", "hosts": [], "runs": [],
+          "stages": [{"name": "svc", "host": "h", "kind": "service", "depends_on": [], "latest_run": None,
+                      "state": "pending"},
+                     {"name": "job", "host": "h", "kind": "job", "depends_on": [], "needs": ["svc"],
+                      "latest_run": None, "state": "pending"}]}
+    prior = {"unit": "bytes", "per_s": 1e6, "units": 30e6, "fixed_s": 10.0, "size_how": "x"}
+    out = annotate(st, hist, now, {"svc": prior})
+    svc = out["stages"][0]["eta"]
+    assert (svc["eta_s"], svc["source"]) == (40.0, "prior")
+    assert annotate(st, hist, now)["stages"][0]["eta"]["eta_s"] == 5000.0  # no prior: history, as before

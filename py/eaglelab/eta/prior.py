@@ -74,10 +74,13 @@ def learned_span(history: History, stage: str, host: str, profile: str, p: Prior
 
 
 def stage_estimate(history: History, stage: str, host: str, profile: str,
-                   prior: Prior | None) -> tuple[Span | None, str | None]:
+                   prior: Prior | None, service: bool = False) -> tuple[Span | None, str | None]:
     """How long a run of the stage that has not started will take, and why there is none when
     none: learned rate x size; else earlier runs here (no size recorded); else the declared prior
-    x size; else the same stage elsewhere."""
+    x size; else the same stage elsewhere. A service's earlier runs lasted as long as it was
+    needed, not until it was ready (what the pipeline waits for): its prior comes first."""
+    if service and prior is not None and (declared := prior_span(prior)) is not None:
+        return declared, None
     learned = learned_span(history, stage, host, profile, prior) if prior else None
     if learned is not None:
         return learned, None

@@ -187,7 +187,7 @@ def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: d
             start_lo = max([now] + [f["low"] for f in dep_f if f["low"] is not None])
             start_hi = max([now] + [f["high"] for f in dep_f if f["high"] is not None])
             prior = Prior.from_dict(priors[name]) if name in priors else None
-            dur, why = stage_estimate(history, name, st.get("host", ""), profile, prior)
+            dur, why = stage_estimate(history, name, st.get("host", ""), profile, prior, st.get("kind") == "service")
             if state == "running":  # running but no estimate of its own: elapsed vs history or prior
                 started = _epoch(run.get("started_at")) or now
                 start = start_lo = start_hi = started
