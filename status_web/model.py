@@ -106,7 +106,7 @@ def finish_times(eta: Any, now: float) -> dict | None:
     return {"at": at, "low": low, "high": high}
 
 
-def eta_view(fin: dict | None, now: float, source: str = "") -> dict | None:
+def eta_view(fin: dict | None, now: float, source: str = "", basis: str = "") -> dict | None:
     if not fin:
         return None
     rng = ""
@@ -115,7 +115,7 @@ def eta_view(fin: dict | None, now: float, source: str = "") -> dict | None:
         # within one minute the clock says nothing: give the range as time from now
         rng = f"{lo}–{hi}" if lo != hi else f"{fmt_duration(fin['low'] - now)}–{fmt_duration(fin['high'] - now)}"
     return {"clock": fmt_clock(fin["at"], now), "range": rng, "in": fmt_duration(fin["at"] - now),
-            "source": source, **fin}
+            "source": source, "basis": basis, **fin}
 
 
 def run_finish(run: dict, stage: dict | None, now: float) -> tuple[dict | None, str]:
@@ -177,7 +177,8 @@ def cell(stage: dict, run: dict | None, hosts: dict[str, dict], now: float) -> d
         "run_id": run.get("id"), "phase": ls.get("phase") if isinstance(ls.get("phase"), str) else None,
         "progress": progress_view(ls) if state not in ("completed",) and not service else None,
         "service": service,
-        "eta": eta_view(fin, now, src), "detail": detail,
+        "eta": eta_view(fin, now, src, str(mapping(stage.get("eta")).get("basis") or "") if src == "eta" else ""),
+        "detail": detail,
         "failure": {"reason": str(failure.get("reason") or "other"), "message": str(failure.get("message") or "")}
         if failure else None,
         "duration": fmt_duration(num(run.get("duration_s"))),
@@ -329,7 +330,8 @@ def timeline(status: dict, now: float) -> dict:
     unknown = [r["stage"] for r in rows if not r["segments"] and r.get("state") == "pending"][:10]
     queued = any(seg["kind"] == "queued" for r in rows for seg in r["segments"])
     return {"rows": rows, "start": t0 - pad, "end": t1 + pad, "now": now, "hidden": hidden, "queued": queued,
-            "finish": fin, "finish_view": eta_view(fin, now, "eta"), "unestimated": unknown}
+            "finish": fin, "finish_view": eta_view(fin, now, "eta"), "unestimated": unknown,
+            "sources": estimate_sources(status), "never_ran": not runs}
 
 
 def _timeline_row(stage: dict, run: dict | None, runs: list[dict], ends: dict, now: float) -> dict:
@@ -366,7 +368,8 @@ def _timeline_row(stage: dict, run: dict | None, runs: list[dict], ends: dict, n
         fin, _src = run_finish(run, stage, now)
         if fin and fin["at"] > now:
             segs.append({"kind": "predicted", "start": now, "end": fin["at"], "low": fin.get("low"),
-                         "high": fin.get("high"), "tip": f"{name}: predicted to finish at {fmt_clock(fin['at'], now)}"})
+                         "high": fin.get("high"), "tip": f"{name}: predicted to finish at {fmt_clock(fin['at'], now)}"
+                                                         f"{_basis(stage)}"})
         ends[name] = fin["at"] if fin else now
     else:
         fin = finish_times(stage.get("eta"), now)
@@ -375,16 +378,37 @@ def _timeline_row(stage: dict, run: dict | None, runs: list[dict], ends: dict, n
             begin = ts(mapping(stage.get("eta")).get("start_at")) or deps_end
             segs.append({"kind": "predicted", "start": begin, "end": fin["at"], "low": fin.get("low"),
                          "high": fin.get("high"), "tip": f"{name}: predicted {fmt_clock(begin, now)}–"
-                                                         f"{fmt_clock(fin['at'], now)}"})
+                                                         f"{fmt_clock(fin['at'], now)}{_basis(stage)}"})
             ends[name] = fin["at"]
         elif est is not None:
             segs.append({"kind": "predicted", "start": deps_end, "end": deps_end + est,
                          "tip": f"{name}: about {fmt_duration(est)} (its last run)"})
             ends[name] = deps_end + est
         else:
-            note = "no estimate yet (never completed)"
+            note = str(mapping(stage.get("eta")).get("reason") or "no estimate yet (never completed)")
             ends[name] = deps_end
     return {"stage": name, "state": state, "segments": segs, "note": note}
+
+
+def _basis(stage: dict) -> str:
+    """What a stage's estimate rests on, for a tooltip: "prior: 64 samples at ...", "learned from
+    2 runs: ...", "live" (the ETA engine's words)."""
+    basis = mapping(stage.get("eta")).get("basis")
+    return f" ({basis})" if isinstance(basis, str) and basis and basis != "done" else ""
+
+
+def estimate_sources(status: dict) -> str:
+    """How the stages still to finish are estimated, counted: "live 1 · learned 2 · prior 5"."""
+    names = {"progress": "live", "mixed": "live", "prior": "prior", "learned": "learned",
+             "history": "history", "other_host": "other hosts", "size": "size", "unknown": "none"}
+    counts: dict[str, int] = {}
+    for s in status.get("stages") or []:
+        src = mapping(mapping(s).get("eta")).get("source")
+        if isinstance(src, str) and src != "done":
+            key = names.get(src, src)
+            counts[key] = counts.get(key, 0) + 1
+    order = ["live", "learned", "history", "prior", "size", "other hosts", "none"]
+    return " · ".join(f"{k} {counts[k]}" for k in sorted(counts, key=lambda k: order.index(k) if k in order else 99))
 
 
 def _last_duration(stage: str, runs: list[dict]) -> float | None:

@@ -214,3 +214,25 @@ def test_a_transfer_that_would_fill_the_receiving_disk_stops_before_moving(sshla
     log = _transfer_log(sshlab)
     assert "host 'here' has" in log and "bytes free where data/made go" in log and "needs 1,04" in log, log
     assert "one leg" not in log and not any(tiny_disk.iterdir())  # nothing was written
+
+
+def test_a_transfer_is_estimated_from_the_bytes_it_will_move(sshlab):
+    """First-run priors (README "ETAs"): a transfer stage's ETA is the bytes of its paths, measured
+    on the producer's host, at ~1 Gb/s; before the producer ran, it says that it counts none."""
+    repo = checkouts(sshlab)
+    write(sshlab, repo, mb=2)
+    pipe = sshlab.conf / "pipeline.yaml"
+    conf = yaml.safe_load(pipe.read_text())
+    for name in ("make", "use2", "use3"):
+        conf["stages"][name]["prior"] = {"unit": "items", "expected": 1, "per_s": 1}
+    pipe.write_text(yaml.safe_dump(conf))
+    eta = {s["name"]: s["eta"] for s in sshlab.status()["stages"]}
+    assert eta["move-make-to-h2"]["source"] == "prior", eta
+    assert "0 bytes counted until make has written them" in eta["move-make-to-h2"]["basis"]
+    sshlab.lab("run", "make")
+    e = next(s["eta"] for s in sshlab.status()["stages"] if s["name"] == "move-make-to-h2")
+    size = sum(f.stat().st_size for f in data_on(sshlab, "h1", repo, "data/made").rglob("*") if f.is_file())
+    manifest = json.loads((data_on(sshlab, "h1", repo, "data/made") / "manifest.json").read_text())
+    assert size > 2 << 20 and f"prior: {manifest['total_bytes']:,} bytes at" in e["basis"], (size, e)
+    assert "data/made/manifest.json total_bytes" in e["basis"]
+    assert e["eta_s"] == pytest.approx(5.0 + size / 1e8, abs=0.1)

@@ -184,6 +184,28 @@ class ReadyConfig(_Strict):
     timeout_s: float = 1800
 
 
+class PriorConfig(_Strict):
+    """A stage's duration before this lab has run it: its input's size x a declared throughput
+    (README "ETAs"). Learned rates from finished runs replace it. Values may use ${vars}."""
+    unit: Literal["samples", "tokens", "bytes", "lines", "items"]  # what `per_s` counts
+    per_s: float = Field(gt=0)  # the throughput: units per second
+    measure: str | None = None  # the input whose size is measured on the host (a file or an output dir)
+    count: str | None = None  # which counts.<key> of its manifest.json (default: the unit)
+    limit: str | float | None = None  # at most this many units (e.g. ${synth_limit}); the size too while
+                                      # `measure` is not there yet
+    expected: str | float | None = None  # the size while `measure` is not there yet (no cap)
+    times: str | float = 1  # passes over the input (training epochs)
+    fixed_s: float = Field(0, ge=0)  # time that does not grow with the input (loading the model)
+    spread: float = Field(3.0, gt=1)  # the range: /spread .. x spread (a prior is a guess)
+
+    @model_validator(mode="after")
+    def _some_size(self):
+        if self.measure is None and self.limit is None and self.expected is None:
+            raise ValueError("a prior needs a size: `measure:` (an input measured on the host), "
+                             "`limit:` or `expected:` (a number of units, or a ${var} holding one)")
+        return self
+
+
 class StageConfig(_Strict):
     name: str = ""
     kind: Literal["job", "service"] = "job"
@@ -198,6 +220,7 @@ class StageConfig(_Strict):
     ready: ReadyConfig | None = None  # services only
     stop_grace_s: float = 30  # TERM, then KILL after this long
     slurm: SlurmOptions | None = None  # on a reach: slurm host: this stage's sbatch options (override the host's)
+    prior: PriorConfig | None = None  # first-run ETA: input size x throughput (README "ETAs")
     description: str = ""
     keep_alive_s: float = 600  # services: stopped once no job that needs them has run for this long
     # set for the transfer stages eaglelab adds (eaglelab.control.transfers), never by a user
@@ -553,4 +576,35 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
     from . import placement  # the transfers this placement needs become stages of their own
     placement.add_transfer_stages(cfg)
     cfg.stage_order()  # refuses cycles now, not at launch
+    for s in pipe.stages.values():
+        if s.prior is not None:
+            prior_numbers(cfg, s, prof_file if name_in(prof_pipe, s.name, "prior") else pipe_file)
     return cfg
+
+
+def name_in(section: dict, stage: str, key: str) -> bool:
+    return isinstance((section.get("stages") or {}).get(stage), dict) and key in section["stages"][stage]
+
+
+def prior_numbers(cfg: Config, stage: StageConfig, file: Path | None = None) -> dict:
+    """The prior's ${var} fields rendered to numbers: {measure, limit, expected, times}; a field that
+    is no number is a ConfigError naming the file and the key."""
+    p = stage.prior
+    assert p is not None
+    variables = cfg.vars_for(stage)
+    out: dict[str, Any] = {"measure": cfg.render(stage, p.measure, variables) if p.measure else None}
+    for key in ("limit", "expected", "times"):
+        raw = getattr(p, key)
+        if raw is None:
+            out[key] = None
+            continue
+        text = cfg.render(stage, str(raw), variables)
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ConfigError(f"{file or cfg.conf_dir / 'pipeline.yaml'}: stages.{stage.name}.prior.{key} = {raw!r} "
+                              f"(-> {text!r}): must be a positive number, or a ${{var}} holding one")
+        out[key] = value
+    return out

@@ -47,6 +47,14 @@ CREATE TABLE IF NOT EXISTS phases (
   duration_s REAL, items REAL, rate_s_per_item REAL, ended_at TEXT,
   PRIMARY KEY (run_id, phase)
 );
+CREATE TABLE IF NOT EXISTS input_sizes (
+  stage TEXT NOT NULL, profile TEXT NOT NULL, host TEXT, path TEXT, unit TEXT, size REAL, how TEXT,
+  reason TEXT, measured_at TEXT, PRIMARY KEY (stage, profile)
+);
+CREATE TABLE IF NOT EXISTS run_units (
+  run_id TEXT PRIMARY KEY, stage TEXT NOT NULL, host TEXT, profile TEXT, unit TEXT, units REAL NOT NULL,
+  how TEXT, recorded_at TEXT
+);
 """
 
 
@@ -253,6 +261,35 @@ class Registry:
         sql = "SELECT * FROM phases" + (" WHERE stage = ?" if stage else "") + " ORDER BY ended_at"
         with self._connect() as db:
             return [dict(r) for r in db.execute(sql, (stage,) if stage else ())]
+
+
+    # -- input sizes, for first-run priors (eaglelab.control.priors) -----------------------------
+
+    def record_input_sizes(self, rows: list[dict]) -> None:
+        """The latest measurement of each stage's input ({stage, profile, host, path, unit, size,
+        how, reason}), so a page that does not ask the hosts still has it."""
+        if rows:
+            with self._tx() as db:
+                db.executemany("INSERT OR REPLACE INTO input_sizes VALUES (?,?,?,?,?,?,?,?,?)",
+                               [(r["stage"], r["profile"], r.get("host"), r.get("path"), r.get("unit"), r.get("size"),
+                                 r.get("how"), r.get("reason"), utcnow_iso()) for r in rows])
+
+    def input_sizes(self, profile: str) -> dict[str, dict]:
+        with self._connect() as db:
+            return {r["stage"]: dict(r) for r in db.execute("SELECT * FROM input_sizes WHERE profile = ?", (profile,))}
+
+    def record_run_units(self, rows: list[dict]) -> None:
+        """The size a finished run worked on ({run_id, stage, host, profile, unit, units, how}); the
+        first record of a run stays (its input may change later)."""
+        if rows:
+            with self._tx() as db:
+                db.executemany("INSERT OR IGNORE INTO run_units VALUES (?,?,?,?,?,?,?,?)",
+                               [(r["run_id"], r["stage"], r.get("host"), r.get("profile"), r.get("unit"),
+                                 r["units"], r.get("how"), utcnow_iso()) for r in rows])
+
+    def run_units(self) -> list[dict]:
+        with self._connect() as db:
+            return [dict(r) for r in db.execute("SELECT * FROM run_units ORDER BY recorded_at")]
 
 
 def supersedes(stored: dict | None, incoming: dict) -> bool:

@@ -96,6 +96,29 @@ def eta_text(run: dict) -> str:
     return fmt_clock(eta["finish_at"]) + rng
 
 
+def stage_eta_text(stage: dict, run: dict) -> str:
+    """A running run's ETA; for a stage still to run, its predicted finish and what it rests on
+    (prior, learned, history: docs/interfaces.md "ETA")."""
+    if run.get("state") == "running":
+        return eta_text(run)
+    eta = stage.get("eta") or {}
+    if stage.get("state") == "completed" or not eta.get("finish_at") or eta.get("source") == "done":
+        return ""
+    lo, hi = eta.get("finish_low_at"), eta.get("finish_high_at")
+    rng = f" ({clock_days(lo)}–{clock_days(hi)})" if lo and hi else ""
+    return f"{clock_days(eta['finish_at'])}{rng} {eta.get('source')}"
+
+
+def clock_days(iso: str | None, now: float | None = None) -> str:
+    """fmt_clock, with the weekday for a time 20 h or more away (a prior's range can span days)."""
+    import time as _t
+    t = parse_iso(iso)
+    if t is None:
+        return ""
+    far = abs(t - (_t.time() if now is None else now)) >= 20 * 3600
+    return _t.strftime("%a %H:%M" if far else "%H:%M", _t.localtime(t))
+
+
 def _wrap(text: str, width: int) -> list[str]:
     import textwrap
     return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) if text else []
@@ -153,7 +176,7 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
         style = STATE_STYLE.get(state, "")
         cells = [esc(s["name"]), esc(s["host"]), f"[{style}]{esc(state + detail)}[/]" if style else esc(state + detail),
                  fmt_duration(r.get("duration_s"))]
-        prog, eta = progress_text(r), eta_text(r)
+        prog, eta = progress_text(r), stage_eta_text(s, r)
         if wide:
             cells += [esc(r.get("id", "")), esc(prog), esc(eta)]
         else:
@@ -171,10 +194,14 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
                           style="yellow")
     pipe = st.get("pipeline") or {}
     active = any(r.get("state") in ("running", "pending") and r.get("kind", "job") == "job" for r in runs.values())
+    rng = (f" ({fmt_clock(pipe.get('finish_low_at'))}–{fmt_clock(pipe.get('finish_high_at'))})"
+           if pipe.get("finish_low_at") else "")
     if pipe.get("finish_at") and active:  # once nothing runs, the summary says how it went, not an "ETA"
-        console.print(esc(f"pipeline finishes about {fmt_clock(pipe['finish_at'])}"
-                          + (f" ({fmt_clock(pipe.get('finish_low_at'))}–{fmt_clock(pipe.get('finish_high_at'))})"
-                             if pipe.get("finish_low_at") else "")))
+        console.print(esc(f"pipeline finishes about {fmt_clock(pipe['finish_at'])}{rng}"))
+    elif pipe.get("finish_at") and not runs:  # never ran: what the priors say
+        rng = f" ({clock_days(pipe.get('finish_low_at'))}–{clock_days(pipe.get('finish_high_at'))})"
+        console.print(esc(f"started now, the pipeline would finish about {clock_days(pipe['finish_at'])}{rng} "
+                          f"(first-run priors: input sizes x declared throughputs)"))
     if show_all:
         allruns = Table(title="all runs", title_justify="left")
         allruns.add_column("run", no_wrap=True)

@@ -56,15 +56,11 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
     from .services import usage
     status = {"schema": SCHEMA, "generated_at": utcnow_iso(now), "profile": lab.cfg.profile,
               "runs": runs, "hosts": hosts, "stages": stages, "services": usage(lab, now)}
-    return _annotate_eta(lab, status, now)
+    return _annotate_eta(lab, status, now, refresh)
 
 
-def _annotate_eta(lab: Lab, status: dict, now: float) -> dict:
-    try:
-        from eaglelab import eta
-    except ImportError:
-        return status
-    annotate = getattr(eta, "annotate", None)
-    if annotate is None:
-        return status
-    return annotate(status, {"phases": lab.registry.phase_history()}, now)
+def _annotate_eta(lab: Lab, status: dict, now: float, refresh: bool = False) -> dict:
+    from eaglelab import eta
+    from .priors import stage_priors
+    priors, units = stage_priors(lab, status["runs"], refresh)  # input sizes: measured on the hosts when due
+    return eta.annotate(status, {"phases": lab.registry.phase_history(), "units": units}, now, priors)

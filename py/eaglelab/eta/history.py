@@ -42,6 +42,8 @@ class History:
     runs: tuple[RunRecord, ...] = ()
     # {stage: {phase: items expected in this profile}}, e.g. {"extract": {"extraction": 10000}}
     expected_items: dict = field(default_factory=dict)
+    # {run_id: the input's size in its prior's unit (x passes)}: what first-run priors learn from
+    units: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "History":
@@ -68,7 +70,8 @@ class History:
                 raise RegistryError(f"{where}: {e}; durations are seconds (numbers), phases a list of "
                                     f"objects (docs/interfaces.md, ETA)") from None
         runs.extend(_runs_from_phase_rows(d.get("phases") or []))
-        return cls(runs=tuple(runs), expected_items=dict(d.get("expected_items") or {}))
+        return cls(runs=tuple(runs), expected_items=dict(d.get("expected_items") or {}),
+                   units=_units(d.get("units") or []))
 
     def with_status_runs(self, status: dict) -> "History":
         """Plus the finished runs the status itself lists (their phases from their log state), so an
@@ -85,7 +88,7 @@ class History:
                                    profile=str(r.get("profile") or status.get("profile") or ""),
                                    duration_s=float(r["duration_s"]), phases=phases, run_id=r.get("id"),
                                    ended_at=r.get("ended_at")))
-        return History(runs=self.runs + tuple(extra), expected_items=self.expected_items)
+        return History(runs=self.runs + tuple(extra), expected_items=self.expected_items, units=self.units)
 
     def same(self, stage: str, host: str, profile: str) -> list[RunRecord]:
         """Completed runs of this stage on this host with this profile, oldest first."""
@@ -103,11 +106,13 @@ class Span:
     eta_s: float
     low_s: float
     high_s: float
-    source: str  # progress | history | size | other_host | elapsed | none
+    source: str  # progress | history | size | other_host | prior | learned | elapsed | none
+    basis: str = ""  # in words, for a person: "prior: 64 samples at 2 samples/s (lines of ...)"
 
     def __add__(self, other: "Span") -> "Span":
         src = self.source if self.source == other.source else "mixed"
-        return Span(self.eta_s + other.eta_s, self.low_s + other.low_s, self.high_s + other.high_s, src)
+        basis = self.basis if self.basis == other.basis else ""
+        return Span(self.eta_s + other.eta_s, self.low_s + other.low_s, self.high_s + other.high_s, src, basis)
 
 
 ZERO = Span(0.0, 0.0, 0.0, "done")
@@ -141,6 +146,20 @@ def _runs_from_phase_rows(rows: list[dict]) -> list[RunRecord]:
         out.append(RunRecord(stage=str(first["stage"]), host=str(first.get("host") or ""),
                              profile=str(first.get("profile") or ""), duration_s=duration,
                              phases=phases, run_id=run_id, ended_at=prows[-1].get("ended_at")))
+    return out
+
+
+def _units(rows: list[dict]) -> dict[str, float]:
+    """The registry's run_units rows ({run_id, units, ...}) -> {run_id: units}."""
+    out = {}
+    for i, row in enumerate(rows):
+        try:
+            out[str(row["run_id"])] = float(row["units"])
+        except KeyError as e:
+            raise RegistryError(f"ETA history units[{i}]: missing key {e.args[0]!r}; each row needs run_id "
+                                f"and units (docs/interfaces.md, ETA)") from None
+        except (TypeError, ValueError) as e:
+            raise RegistryError(f"ETA history units[{i}]: {e}; units is a number (docs/interfaces.md, ETA)") from None
     return out
 
 

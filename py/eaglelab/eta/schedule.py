@@ -10,8 +10,8 @@ from typing import Any
 
 from eaglelab.figures import seconds
 
-from .history import (HISTORY_WIDEN, WHOLE_RUN, ZERO, History, Span, phase_estimate, phase_template,
-                      run_duration_estimate)
+from .history import HISTORY_WIDEN, WHOLE_RUN, ZERO, History, Span, phase_estimate, phase_template
+from .prior import Prior, learned_span, stage_estimate
 
 READY_PHASES = ("ready", "serving")  # a service is "done" for the DAG once its log says it is ready
 
@@ -145,11 +145,19 @@ def _span_fields(span: Span, now: float, start: Span = ZERO) -> dict:
             "source": span.source}
 
 
+BASIS = {"progress": "live", "done": "done", "history": "history of this stage here",
+         "other_host": "this stage on another host or profile", "size": "size x a rate measured elsewhere",
+         "mixed": "live, then history"}
+
+
 def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: dict[str, dict],
-                    history: History, profile: str, now: float) -> tuple[dict[str, dict], dict]:
+                    history: History, profile: str, now: float,
+                    priors: dict[str, dict] | None = None) -> tuple[dict[str, dict], dict]:
     """Finish times (eta / low / high, epoch seconds) of every stage through depends_on, and the
-    pipeline's: a stage starts when the last of its dependencies finishes (or now)."""
+    pipeline's: a stage starts when the last of its dependencies finishes (or now). `priors`:
+    {stage: Prior fields} for stages never run here (eaglelab.eta.prior)."""
     by_name = {s["name"]: s for s in stages}
+    priors = priors or {}
     memo: dict[str, dict] = {}
 
     def finish(name: str, trail: tuple = ()) -> dict:
@@ -165,26 +173,32 @@ def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: d
         rec: dict[str, Any] = {"state": state}
         if state == "completed":
             end = _epoch(run.get("ended_at")) or now
-            rec.update(eta=end, low=end, high=end, source="done")
-        elif state == "running" and name in run_etas and run_etas[name].get("eta_s") is not None:
+            rec.update(eta=end, low=end, high=end, source="done", basis="done")
+        elif (state == "running" and name in run_etas and run_etas[name].get("eta_s") is not None
+              and not _size_knows_better(run_etas[name], history, name, st.get("host", ""), profile, priors)):
             e = run_etas[name]
+            src = e.get("source", "progress")
             rec.update(eta=now + e["eta_s"], low=now + e["eta_low_s"], high=now + e["eta_high_s"],
-                       source=e.get("source", "progress"))
+                       source=src, basis=BASIS.get(src, src))
         else:
             # Not started (or failed/killed: assumed started again): after its dependencies, or now.
             unknown_dep = any(f["eta"] is None for f in dep_f)
             start = max([now] + [f["eta"] for f in dep_f if f["eta"] is not None])
             start_lo = max([now] + [f["low"] for f in dep_f if f["low"] is not None])
             start_hi = max([now] + [f["high"] for f in dep_f if f["high"] is not None])
-            dur = run_duration_estimate(history, name, st.get("host", ""), profile)
-            if state == "running":  # running but no estimate of its own: elapsed vs history
+            prior = Prior.from_dict(priors[name]) if name in priors else None
+            dur, why = stage_estimate(history, name, st.get("host", ""), profile, prior, st.get("kind") == "service")
+            if state == "running":  # running but no estimate of its own: elapsed vs history or prior
                 started = _epoch(run.get("started_at")) or now
                 start = start_lo = start_hi = started
             if dur is None or unknown_dep:
-                rec.update(eta=None, low=None, high=None, source="unknown")
+                waits = next((d for d, f in zip(deps, dep_f) if f["eta"] is None), None)
+                rec.update(eta=None, low=None, high=None, source="unknown",
+                           reason=why or f"no estimate: waits for {waits}, which has none")
             else:
                 rec.update(eta=max(start + dur.eta_s, now), low=max(start_lo + dur.low_s, now),
-                           high=max(start_hi + dur.high_s, now), source=dur.source)
+                           high=max(start_hi + dur.high_s, now), source=dur.source,
+                           basis=dur.basis or BASIS.get(dur.source, dur.source))
             rec["start"] = start
             if state in ("failed", "killed"):
                 rec["assumes_rerun"] = True
@@ -198,7 +212,8 @@ def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: d
     unknown = sorted(n for n, r in memo.items() if r["eta"] is None)
     if not known or unknown:
         return memo, {"finish_at": None, "finish_low_at": None, "finish_high_at": None,
-                      "critical_path": [], "unknown": unknown}
+                      "critical_path": [], "unknown": unknown,
+                      "unknown_reasons": {n: memo[n].get("reason") or "no estimate" for n in unknown}}
     last = max(known, key=lambda n: known[n]["eta"])
     path = [last]
     while memo[path[-1]].get("after"):
@@ -211,10 +226,21 @@ def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: d
                   "critical_path": path, "unknown": []}
 
 
-def annotate(status: dict, history: dict | History | None, now: float) -> dict:
+def _size_knows_better(run_eta_: dict, history: History, name: str, host: str, profile: str,
+                       priors: dict[str, dict]) -> bool:
+    """A running run estimated from earlier runs' durations alone (no bar of its own) is better
+    estimated from a rate learned per unit x today's size, when one was learned: the size may
+    have changed since."""
+    if run_eta_.get("source") in ("progress", "mixed") or name not in priors:
+        return False
+    return learned_span(history, name, host, profile, Prior.from_dict(priors[name])) is not None
+
+
+def annotate(status: dict, history: dict | History | None, now: float, priors: dict[str, dict] | None = None) -> dict:
     """Add ETA fields to a `lab status --json` object (a new dict; existing fields are kept as they are).
 
-    runs[*].eta, stages[*].eta and top-level `pipeline`; see docs/interfaces.md, "## ETA"."""
+    runs[*].eta, stages[*].eta and top-level `pipeline`; see docs/interfaces.md, "## ETA".
+    priors: {stage: {unit, per_s, units, fixed_s, spread, size_how, reason}} (eaglelab.eta.prior)."""
     hist = (history if isinstance(history, History) else History.from_dict(history)).with_status_runs(status)
     profile = status.get("profile", "")
     out = dict(status)
@@ -229,7 +255,7 @@ def annotate(status: dict, history: dict | History | None, now: float) -> dict:
                 run_etas[r.get("stage", "")] = e
     out["runs"] = runs
     stages = [dict(s) for s in status.get("stages", [])]
-    memo, pipe = pipeline_finish(stages, {r.get("id"): r for r in runs}, run_etas, hist, profile, now)
+    memo, pipe = pipeline_finish(stages, {r.get("id"): r for r in runs}, run_etas, hist, profile, now, priors)
     for s in stages:
         m = memo[s["name"]]
         s["eta"] = {"eta_s": None if m["eta"] is None else seconds(max(m["eta"] - now, 0.0)),
@@ -237,10 +263,18 @@ def annotate(status: dict, history: dict | History | None, now: float) -> dict:
                     "eta_high_s": None if m["high"] is None else seconds(max(m["high"] - now, 0.0)),
                     "finish_at": _iso(m["eta"]), "finish_low_at": _iso(m["low"]),
                     "finish_high_at": _iso(m["high"]), "source": m["source"]}
+        for key in ("basis", "reason"):  # in words: "prior: ...", "learned from 2 runs: ...", "live"
+            if m.get(key):
+                s["eta"][key] = m[key]
         if m.get("start") is not None and m["state"] != "running" and m["eta"] is not None:
             s["eta"]["start_at"] = _iso(m["start"])  # (no start time for a stage whose finish is unknown)
         if m.get("assumes_rerun"):
             s["eta"]["assumes_rerun"] = True
+        run = next((r for r in runs if r.get("id") == s.get("latest_run") and r.get("eta")), None)
+        if run is not None and m["source"] in ("prior", "learned"):
+            # the run's own ETA had nothing better (no bar): it says what the stage says
+            run["eta"] = {**run["eta"], **{k: s["eta"][k] for k in ("eta_s", "eta_low_s", "eta_high_s", "finish_at",
+                                                                    "source", "basis") if k in s["eta"]}}
     out["stages"] = stages
     out["pipeline"] = pipe
     return out

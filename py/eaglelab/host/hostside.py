@@ -20,7 +20,7 @@ from pathlib import Path
 
 from eaglelab.fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
 from eaglelab.model import BadRecord, Exit, Meta, check, decide_end, signal_text
-from . import hostfacts, machine
+from . import hostfacts, machine, sizes
 from .jobwrap import group_alive
 from .machine import free_disk, gpus, inputs_digest, mark_gpu_holders
 from .tail.run import RunFollower, run_state
@@ -409,6 +409,7 @@ VERBS = {
     "stop": lambda a: stop(a["work_dir"], a["run_id"], a.get("grace_s", 30.0)),
     "read_log": lambda a: {"data": base64.b64encode(read_log(a["work_dir"], a["run_id"], a.get("offset", 0),
                                                              a.get("limit", 1 << 20))).decode()},
+    "input_sizes": lambda a: {"sizes": sizes.measure_all(a.get("requests", []), a.get("cwd", "."))},
     "facts": lambda a: hostfacts.facts(a["work_dir"], a.get("inputs", []), a.get("outputs", []), a.get("cwd", ".")),
 }
 

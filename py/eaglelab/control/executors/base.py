@@ -76,6 +76,10 @@ class Executor(abc.ABC):
     def ready(self, run_id: str, url: str | None, log_regex: str | None) -> bool:
         """hostside.ready: the service's readiness, asked on its host."""
 
+    def input_sizes(self, requests: list[dict], cwd: str) -> list[dict]:
+        """eaglelab.host.sizes.measure_all on the host: each input's size for a first-run ETA."""
+        raise NotImplementedError(f"{type(self).__name__} cannot measure inputs")
+
     @abc.abstractmethod
     def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         """Bytes of the run's log from offset."""

@@ -31,6 +31,10 @@ class LocalExecutor(Executor):
     def host_path(self, p: str) -> str:
         return os.path.expanduser(super().host_path(p))
 
+    def input_sizes(self, requests: list[dict], cwd: str) -> list[dict]:
+        from eaglelab.host import sizes
+        return sizes.measure_all(requests, cwd)
+
     def launch(self, spec: dict) -> dict:
         return hostside.launch(self.work_dir, {**spec, "python": spec.get("python") or self.python})
 

@@ -87,6 +87,9 @@ class SlurmExecutor(Executor):
     def rsync_target(self, path: str) -> tuple[list[str] | None, str]:
         return self.login.rsync_target(path)
 
+    def input_sizes(self, requests: list[dict], cwd: str) -> list[dict]:
+        return self.login.input_sizes(requests, cwd)  # the login node sees the shared file system
+
     def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         return self.login.read_log(run_id, offset, limit)
 

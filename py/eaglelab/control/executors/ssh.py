@@ -217,6 +217,9 @@ class SshExecutor(Executor):
     def rsync_target(self, path: str) -> tuple[list[str] | None, str]:
         return self.ssh_argv(), f"{self.ssh.host}:{self.host_path(path)}"
 
+    def input_sizes(self, requests: list[dict], cwd: str) -> list[dict]:
+        return list(self.call("input_sizes", {"requests": requests, "cwd": cwd}).get("sizes") or [])
+
     def launch(self, spec: dict) -> dict:
         spec = {**spec, "python": spec.get("python") or self.python, "cwd": spec.get("cwd") or self.repo_dir()}
         spec.pop("inputs", None), spec.pop("outputs", None)
