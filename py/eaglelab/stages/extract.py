@@ -104,8 +104,8 @@ def final_norm(model):
     return norm
 
 
-def forward_hidden_states(model, batch_ids: list[list[int]], aux_layers: list[int]):
-    """[(seq_len_i, n_aux+1, hidden) bf16 on CPU] for a right-padded batch."""
+def forward_stacked(model, batch_ids: list[list[int]], aux_layers: list[int]):
+    """One right-padded forward: [B, T, n_aux+1, hidden] bf16 on the model's device (not copied out)."""
     import torch
 
     device = next(model.parameters()).device
@@ -121,26 +121,113 @@ def forward_hidden_states(model, batch_ids: list[list[int]], aux_layers: list[in
         with torch.inference_mode():
             out = model.model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
                               use_cache=False)
+            layers = [out.hidden_states[k] for k in aux_layers] + [captured[0]]
+            return torch.stack(layers, dim=2).to(torch.bfloat16)
     finally:
         hook.remove()
-    layers = [out.hidden_states[k] for k in aux_layers] + [captured[0]]
-    stacked = torch.stack(layers, dim=2).to(torch.bfloat16).cpu()  # [B, T, n, H]
+
+
+def forward_hidden_states(model, batch_ids: list[list[int]], aux_layers: list[int]):
+    """[(seq_len_i, n_aux+1, hidden) bf16 on CPU] for a right-padded batch (blocking; tests, profiling)."""
+    stacked = forward_stacked(model, batch_ids, aux_layers).cpu()
     return [stacked[b, : len(x)].contiguous() for b, x in enumerate(batch_ids)]
 
 
-def save_atomic(path: Path, hidden, token_ids) -> None:
-    import torch
-    from safetensors.torch import save_file
+def write_hs_file(path: Path, hidden, token_ids) -> None:
+    """An hs file in the safetensors format, written straight from `hidden`'s memory (a pinned buffer):
+    file.write of a memoryview releases the GIL, so writer threads do not slow the forward loop's
+    Python (safetensors' save_file first copies every tensor into a bytes object, holding the GIL).
+    Atomic: a tmp file renamed, so a killed run leaves no half-written hs file."""
+    import json
+    import struct
 
+    import numpy as np
+    import torch
+
+    hidden = hidden.contiguous()
+    ids = np.asarray(token_ids, dtype="<i8")
+    hs_bytes = hidden.numel() * 2
+    header = json.dumps({
+        "hidden_states": {"dtype": "BF16", "shape": list(hidden.shape), "data_offsets": [0, hs_bytes]},
+        "token_ids": {"dtype": "I64", "shape": [len(ids)], "data_offsets": [hs_bytes, hs_bytes + ids.nbytes]},
+    }, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # the format pads the header to 8 bytes
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file({"hidden_states": hidden, "token_ids": torch.as_tensor(token_ids, dtype=torch.long)}, str(tmp))
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.write(memoryview(hidden.view(torch.uint8).numpy()).cast("B"))  # bf16 bytes as they are (little endian)
+        f.write(ids.tobytes())
     os.replace(tmp, path)
+
+
+def save_atomic(path: Path, hidden, token_ids) -> None:
+    write_hs_file(path, hidden, token_ids)
+
+
+class HostBuffers:
+    """Page-locked host buffers the hidden states are copied into on a side CUDA stream: the copy of
+    batch k overlaps the forward of batch k+1 and the loop never waits for it (a copy into pageable
+    memory blocks the host and ran at a fraction of the bus speed: 73% of device time on an H200).
+    `count` buffers circulate between the forward loop and the writers: the loop waits for a free one
+    when every buffer is still being written (that wait is the writers' back pressure)."""
+
+    def __init__(self, count: int, device: str):
+        import queue
+
+        import torch
+
+        self.cuda = device.startswith("cuda")
+        self.stream = torch.cuda.Stream() if self.cuda else None
+        self.free: "queue.Queue" = queue.Queue()
+        for _ in range(max(count, 1)):
+            self.free.put(torch.empty(0, dtype=torch.uint8, pin_memory=self.cuda))
+        self.wait_s = 0.0
+
+    def copy_out(self, stacked, lengths: list[int], timer: "DeviceTimer | None" = None):
+        """Start the device->host copy of each sample's rows; returns (buffer, views, done event).
+        The views are valid once the event has completed; the buffer goes back with release()."""
+        import torch
+
+        n, hidden = stacked.shape[2], stacked.shape[3]
+        need = sum(lengths) * n * hidden * 2
+        t0 = time.perf_counter()
+        buf = self.free.get()
+        self.wait_s += time.perf_counter() - t0
+        if buf.numel() < need:  # batches come longest first, so this happens about once
+            buf = torch.empty(need, dtype=torch.uint8, pin_memory=self.cuda)
+        views, off = [], 0
+        for length in lengths:
+            nbytes = length * n * hidden * 2
+            views.append(buf[off: off + nbytes].view(torch.bfloat16).view(length, n, hidden))
+            off += nbytes
+        if not self.cuda:  # CPU: the states already are in host memory
+            c0 = timer.start() if timer else None
+            for b, (v, length) in enumerate(zip(views, lengths)):
+                v.copy_(stacked[b, :length])
+            if timer:
+                timer.stop("copy", c0)
+            return buf, views, None
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            c0 = timer.start(self.stream) if timer else None  # after the wait: the copy alone is timed
+            for b, (v, length) in enumerate(zip(views, lengths)):
+                v.copy_(stacked[b, :length], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+            if timer:
+                timer.stop("copy", c0, self.stream)
+        stacked.record_stream(self.stream)  # the allocator must not reuse it before the copy ran
+        return buf, views, done
+
+    def release(self, buf) -> None:
+        self.free.put(buf)
 
 
 class Writer:
     """Writes hs files on background threads while the next batches run forward: on a GPU the disk
     writes otherwise stall the forward passes (measured 0.57x of forward-only throughput on an H200).
     A bounded queue keeps memory in check: the forward loop waits when `depth` batches are pending.
+    An item is a whole batch: (the copy's done event or None, [(path, hidden, ids)], on_done).
     The first error a writer hits is raised in the forward loop's thread at the next put or close."""
 
     def __init__(self, threads: int = 2, depth: int = 4):
@@ -151,6 +238,7 @@ class Writer:
         self.error: BaseException | None = None
         self.written = 0
         self.wait_s = 0.0  # time the forward loop spent blocked on a full queue
+        self.busy_s = 0.0  # time the writers spent writing (summed over threads)
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._work, daemon=True, name=f"hs-writer-{i}")
                          for i in range(max(threads, 1))]
@@ -163,11 +251,20 @@ class Writer:
             try:
                 if item is None:
                     return
-                if self.error is None:
-                    path, hidden, ids = item
-                    save_atomic(path, hidden, ids)
-                    with self._lock:
-                        self.written += 1
+                done, files, on_done = item
+                try:
+                    if self.error is None:
+                        if done is not None:
+                            done.synchronize()  # the device->host copy of this batch (releases the GIL)
+                        t0 = time.perf_counter()
+                        for path, hidden, ids in files:
+                            write_hs_file(path, hidden, ids)
+                        with self._lock:
+                            self.written += len(files)
+                            self.busy_s += time.perf_counter() - t0
+                finally:
+                    if on_done is not None:
+                        on_done()
             except BaseException as e:  # noqa: BLE001 - handed to the forward loop's thread
                 self.error = self.error or e
             finally:
@@ -178,10 +275,10 @@ class Writer:
             raise StageError(f"writing hidden states failed: {self.error}; finished files are kept, "
                              "run again to resume") from self.error
 
-    def put(self, path: Path, hidden, ids) -> None:
+    def put(self, done, files: list, on_done=None) -> None:
         self._raise()
         t0 = time.perf_counter()
-        self.queue.put((path, hidden, ids))
+        self.queue.put((done, files, on_done))
         self.wait_s += time.perf_counter() - t0
 
     def close(self) -> None:
@@ -192,49 +289,154 @@ class Writer:
         self._raise()
 
 
+class DeviceTimer:
+    """Device time of the forward passes and of the copies: CUDA events read at the end (reading them
+    as we go would make the loop wait for the GPU); on CPU, where every op is synchronous, the clock."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.pairs: dict[str, list] = {"forward": [], "copy": []}
+
+    def start(self, stream=None):
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        e = torch.cuda.Event(enable_timing=True)
+        e.record(stream)
+        return e
+
+    def stop(self, what: str, begin, stream=None) -> None:
+        self.pairs[what].append((begin, self.start(stream)))
+
+    def seconds(self) -> dict[str, float]:
+        if not self.cuda:
+            return {k: sum(b - a for a, b in v) for k, v in self.pairs.items()}
+        return {k: sum(a.elapsed_time(b) for a, b in v) / 1000 for k, v in self.pairs.items()}
+
+
 def run_transformers(model_dir: Path, dataset, todo: list[int], out: Path, aux_layers: list[int], device: str,
-                     batch_size: int, writer_threads: int = 2, forward_only: bool = False) -> dict:
-    """Forward passes on this thread, file writes on `writer_threads` others (0: inline, no overlap).
-    forward_only: write nothing (a benchmark's ceiling for the same batches)."""
+                     batch_size: int, writer_threads: int = 2, forward_only: bool = False,
+                     host_buffers: int = 3) -> dict:
+    """Forward passes on this thread; the copies to host on a side stream into pinned buffers; the file
+    writes on `writer_threads` others (0: copy and write inline, no overlap: the old way, a baseline).
+    forward_only: no copy, no write (a benchmark's ceiling for the same batches)."""
     import torch
     from tqdm import tqdm
 
     model = load_hf_model(model_dir, device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    ok, t0, tokens, fwd_s = 0, time.perf_counter(), 0, 0.0
-    writer = Writer(writer_threads) if writer_threads > 0 and not forward_only else None
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    timer = DeviceTimer(cuda)
+    overlap = writer_threads > 0 and not forward_only
+    writer = Writer(writer_threads, depth=host_buffers) if overlap else None
+    buffers = HostBuffers(host_buffers, device) if overlap else None
+    ok, t0, tokens = 0, time.perf_counter(), 0
     order = sorted(todo, key=lambda i: -int(dataset[i]["seq_len"]))  # similar lengths batch together
     try:
         with tqdm(total=len(todo), desc="Extracting hidden states", unit="sample", dynamic_ncols=True) as bar:
             for start in range(0, len(order), batch_size):
                 chunk = order[start: start + batch_size]
                 rows = [[int(t) for t in dataset[i]["input_ids"]] for i in chunk]
-                f0 = time.perf_counter()
-                states = forward_hidden_states(model, rows, aux_layers)  # on CPU: the copy waits for the GPU
-                sync()
-                fwd_s += time.perf_counter() - f0
-                for i, ids, hs in zip(chunk, rows, states):
-                    if forward_only:
-                        pass
-                    elif writer is not None:
-                        writer.put(hs_path(out, i), hs, ids)
-                    else:
-                        save_atomic(hs_path(out, i), hs, ids)
-                    ok += 1
-                    tokens += len(ids)
+                paths = [hs_path(out, i) for i in chunk]
+                f0 = timer.start()
+                stacked = forward_stacked(model, rows, aux_layers)
+                timer.stop("forward", f0)
+                if forward_only:
+                    pass
+                elif buffers is not None:
+                    buf, views, done = buffers.copy_out(stacked, [len(r) for r in rows], timer)
+                    del stacked  # the copy stream holds it until the copy ran
+                    writer.put(done, list(zip(paths, views, rows)), lambda b=buf: buffers.release(b))
+                else:  # the baseline: a blocking copy to pageable memory, then the writes, on this thread
+                    c0 = timer.start()
+                    host = stacked.cpu()
+                    timer.stop("copy", c0)
+                    for b, (path, ids) in enumerate(zip(paths, rows)):
+                        write_hs_file(path, host[b, : len(ids)], ids)
+                ok += len(chunk)
+                tokens += sum(len(r) for r in rows)
                 el = time.perf_counter() - t0
                 bar.set_postfix({"ok": ok, "err": 0, "rps": f"{ok / el:.1f}", "tps": f"{tokens / el:.0f}"}, refresh=False)
                 bar.update(len(chunk))
+        sync()
     finally:
         if writer is not None:
             writer.close()  # every queued file is on disk before the stage checks them
     el = time.perf_counter() - t0
-    timing = {"seconds": el, "samples": ok, "tokens": tokens, "forward_s": fwd_s,
-              "write_wait_s": writer.wait_s if writer else 0.0, "forward_only": forward_only}
+    dev = timer.seconds()
+    timing = {"seconds": el, "samples": ok, "tokens": tokens, "forward_s": dev["forward"], "copy_s": dev["copy"],
+              "write_wait_s": (writer.wait_s + buffers.wait_s) if writer else 0.0,
+              "write_busy_s": writer.busy_s if writer else 0.0, "forward_only": forward_only}
+    mode = ("no copies, no writes (forward only)" if forward_only else
+            f"pinned copies on a side stream, {writer_threads} writer thread(s)" if overlap else
+            "blocking copies and writes inline")
     click.echo(f"extract: Timing: {el:.1f}s elapsed, {ok / el:.1f} samples/s, {tokens / el:.0f} tokens/s ({device}); "
-               f"forward+copy {fwd_s:.1f}s, waiting on writers {timing['write_wait_s']:.1f}s, "
-               f"{'no writes (forward only)' if forward_only else f'{writer_threads} writer thread(s)'}")
+               f"device time: forward {dev['forward']:.1f}s, copy {dev['copy']:.1f}s; waiting on writers "
+               f"{timing['write_wait_s']:.1f}s, writing {timing['write_busy_s']:.1f}s; {mode}")
     return timing
+
+
+# ---- the length cap --------------------------------------------------------------------------
+
+TRIMMED_DATA = "dataset"  # <out>/dataset: the prepared rows, those at the cap trimmed (when any is)
+
+
+def server_max_model_len(endpoint: str, timeout: float = 30.0) -> int:
+    """The extraction server's max_model_len, as its /v1/models answers."""
+    import json
+    import urllib.request
+
+    url = f"{endpoint}/v1/models"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            models = json.load(r).get("data") or []
+    except (OSError, ValueError) as e:
+        raise StageError(f"{url}: could not read the server's max_model_len ({e}); is serve_extract up? "
+                         "Or give --max-model-len (the server's --max-model-len)") from None
+    cap = models[0].get("max_model_len") if models else None
+    if not isinstance(cap, int) or cap < 2:
+        raise StageError(f"{url}: no max_model_len in the answer ({models[:1]}); give --max-model-len "
+                         "(the server's --max-model-len)")
+    return cap
+
+
+def capped_lengths(seq_lens: list[int], max_model_len: int | None) -> dict[int, int]:
+    """{index: tokens to keep} for the rows that cannot be extracted whole: vLLM extracts by generating
+    one token after the sample, so a sample needs at most max_model_len - 1 tokens (one cut at the cap
+    of synth or prepare is exactly max_model_len long and would be refused on every run)."""
+    if max_model_len is None:
+        return {}
+    keep = max_model_len - 1
+    return {i: keep for i, n in enumerate(seq_lens) if n > keep}
+
+
+def write_trimmed_dataset(dataset, trims: dict[int, int], out: Path) -> Path:
+    """<out>/dataset: the prepared rows with the trimmed ones cut (input_ids, loss_mask, seq_len), in the
+    prepared format. The train stage reads its rows from here, so that each row matches its hs file."""
+    dest = out / TRIMMED_DATA
+    if dest.is_dir():
+        return dest  # made by an earlier run with the same params (else claim moved the directory)
+    fmt = dataset.format
+
+    def cut(row, idx):
+        keep = trims.get(idx)
+        if keep is None:
+            return row
+        return {**row, "input_ids": row["input_ids"][:keep], "loss_mask": row["loss_mask"][:keep], "seq_len": keep}
+
+    trimmed = dataset.with_format(None).map(cut, with_indices=True, desc="trimming rows at the length cap")
+    trimmed.set_format(type=fmt["type"], columns=fmt["columns"], output_all_columns=fmt["output_all_columns"])
+    tmp = out / f".{TRIMMED_DATA}.{os.getpid()}.tmp"  # ranks sharing the directory may race here
+    shutil.rmtree(tmp, ignore_errors=True)
+    trimmed.save_to_disk(str(tmp))
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        if not dest.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another rank made the same one first
+    return dest
 
 
 # ---- vllm backend -----------------------------------------------------------------------------
@@ -278,13 +480,16 @@ def run_vllm(endpoint: str, data: Path, out: Path, max_samples: int | None, conc
 @click.option("--writer-threads", default=2, show_default=True,
               help="transformers: threads writing hs files while the next batch runs (0: write inline)")
 @click.option("--forward-only", is_flag=True, help="transformers: benchmark the forward passes, write nothing")
+@click.option("--max-model-len", type=int, default=None,
+              help="the serving max_model_len: longer samples are trimmed to max_model_len - 1 tokens "
+                   "(vllm: default the server's; transformers: default no cap)")
 @click.option("--max-samples", type=int, default=None)
 @click.option("--world-size", default=1, show_default=True, help="hosts sharing the extraction")
 @click.option("--rank", default=0, show_default=True, help="this host's index in [0, world-size)")
 def main(backend: str, model: Path, data: Path, out_dir: Path, aux_layers: str, endpoint: str,
          server_hidden_states_path: Path | None, concurrency: int, request_timeout: float, device: str,
-         batch_size: int, writer_threads: int, forward_only: bool, max_samples: int | None, world_size: int,
-         rank: int) -> None:
+         batch_size: int, writer_threads: int, forward_only: bool, max_model_len: int | None,
+         max_samples: int | None, world_size: int, rank: int) -> None:
     """Extract the target's hidden states for the prepared samples."""
     if not 0 <= rank < world_size:
         raise StageError(f"--rank {rank}: must be in [0, --world-size {world_size})")
@@ -300,8 +505,13 @@ def main(backend: str, model: Path, data: Path, out_dir: Path, aux_layers: str, 
     if len(dataset) != prep["counts"]["samples"]:
         raise StageError(f"{data}: {len(dataset)} rows but its manifest says {prep['counts']['samples']}; rerun prepare")
     seq_lens = [int(x) for x in dataset["seq_len"]]
+    if max_model_len is None and backend == "vllm":
+        max_model_len = server_max_model_len(endpoint.rstrip("/"))
+    trims = capped_lengths(seq_lens, max_model_len)
     params = {"data": prep["fingerprint"], "aux_layers": aux, "layer_ids": layer_ids, "max_samples": max_samples,
               "world_size": world_size}
+    if trims:  # only then: outputs without any trimmed row keep their fingerprint
+        params["trim_to"] = max_model_len - 1
     rank_name = manifest.NAME if world_size == 1 else f"manifest.rank{rank}.json"
     if manifest.is_complete(out_dir, params, rank_name):
         click.echo(f"extract: {out_dir} is complete ({manifest.read(out_dir, rank_name)['counts']}); skipping")
@@ -312,6 +522,15 @@ def main(backend: str, model: Path, data: Path, out_dir: Path, aux_layers: str, 
         click.echo(f"extract: {out_dir} held hidden states of other data or layers; moved to {moved} "
                    "(delete it to free the disk)")
     mine = rank_indices(len(dataset), max_samples, world_size, rank)
+    data_path = data
+    if trims:
+        data_path = write_trimmed_dataset(dataset, trims, out_dir)
+        dataset = load_from_disk(str(data_path))
+        cut = sum(seq_lens[i] - k for i, k in trims.items())
+        click.echo(f"extract: {len(trims)} samples longer than max_model_len - 1 = {max_model_len - 1} tokens "
+                   f"(the extraction request needs room for 1 generated token) trimmed to {max_model_len - 1}: "
+                   f"{cut} tokens dropped; the rows, trimmed, are in {data_path} (train reads them from there)")
+        seq_lens = [int(x) for x in dataset["seq_len"]]
     todo = pending_indices(out_dir, mine)
     if len(mine) - len(todo):
         click.echo(f"extract: Found {len(mine) - len(todo)} existing samples for rank {rank}.")
@@ -332,7 +551,7 @@ def main(backend: str, model: Path, data: Path, out_dir: Path, aux_layers: str, 
             if os.stat(staging).st_dev != os.stat(out_dir).st_dev:
                 click.echo(f"extract: WARNING {staging} and {out_dir} are on different filesystems: every file is "
                            "copied, not moved (slow, and can fill the staging disk)")
-            run_vllm(endpoint.rstrip("/"), data, out_dir, max_samples, concurrency, world_size, rank, request_timeout)
+            run_vllm(endpoint.rstrip("/"), data_path, out_dir, max_samples, concurrency, world_size, rank, request_timeout)
         else:
             run_transformers(model, dataset, todo, out_dir, aux, common.resolve_device(device), batch_size,
                              writer_threads, forward_only)
@@ -348,8 +567,11 @@ def main(backend: str, model: Path, data: Path, out_dir: Path, aux_layers: str, 
     files = [hs_path(out_dir, i) for i in mine]
     doc = manifest.write(out_dir, "extract", files, params=params, hash_limit=0, name=rank_name,
                          counts={"samples": len(mine), "tokens": sum(seq_lens[i] for i in mine),
-                                 "layers": len(layer_ids), "hidden_size": hidden},
-                         extra={"backend": backend, "rank": rank})
+                                 "layers": len(layer_ids), "hidden_size": hidden,
+                                 "trimmed": sum(i in trims for i in mine)},
+                         extra={"backend": backend, "rank": rank, "max_model_len": max_model_len,
+                                **({"dataset": TRIMMED_DATA, "trimmed_indices": sorted(i for i in trims if i in mine)}
+                                   if trims else {})})
     click.echo(f"extract: Saved {len(todo)} new data points to {out_dir}; {len(mine)} in all, "
                f"{doc['total_bytes'] / 1e6:.1f} MB (manifest {doc['fingerprint']})")
     if world_size > 1:

@@ -182,7 +182,9 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
 
     attn = draft_attn_impl if draft_attn_impl != "auto" else ("sdpa" if device == "cpu" else "simple_flex_attention")
     workers = num_workers if num_workers is not None else (0 if device == "cpu" else 4)
-    argv = speculators_argv(model=model, data=data, hidden_states=hidden_states, vocab=vocab, out=out_dir, aux=aux,
+    # Extraction trimmed rows at the serving length cap: its copy of the rows matches its hs files.
+    rows = hidden_states / hs["extra"]["dataset"] if hs.get("extra", {}).get("dataset") else data
+    argv = speculators_argv(model=model, data=rows, hidden_states=hidden_states, vocab=vocab, out=out_dir, aux=aux,
                             draft_vocab_size=draft_vocab_size, epochs=epochs, lr=lr, seq_len=total_seq_len,
                             loss=loss_implementation, attn=attn, workers=workers, max_steps=max_steps,
                             ttt_steps=ttt_steps,
