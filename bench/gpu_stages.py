@@ -59,25 +59,52 @@ def extract_rate(out: str) -> float:
     return float(m.group(1)) if m else float("nan")
 
 
-def gpu_time_breakdown(model_dir: Path, data: Path, out: Path, device: str, batch: int, threads: int,
-                       aux: list[int], samples: int) -> list[str]:
-    """Where the extraction's device time goes: torch.profiler over the stage's own loop (forward,
-    pinned copies on the side stream, writer threads) on the first `samples` samples."""
+def compare_in_process(model_dir: Path, data: Path, out: Path, device: str, batch: int, threads: int,
+                       aux: list[int], rounds: int) -> tuple[dict, list[str]]:
+    """The write modes on the same batches in ONE process with the model loaded once and warmed up, in
+    alternating rounds (forward-only, pinned + writers, blocking + inline): separate stage processes
+    measure process warm-up and GPU clock ramps too (the first of them ran at half the speed of a later
+    identical one). Returns tokens/s per mode and round, and torch.profiler's table of one overlapped
+    pass (the loop only, not the model load)."""
+    import shutil
+
     import torch
     from datasets import load_from_disk
     from torch.profiler import ProfilerActivity, profile
 
     sys.path.insert(0, str(REPO / "py"))
-    from eaglelab.stages.extract import run_transformers
+    from eaglelab.stages.extract import load_hf_model, run_transformers
 
     ds = load_from_disk(str(data))
-    out.mkdir(parents=True, exist_ok=True)
+    model = load_hf_model(model_dir, device)
+    todo = list(range(len(ds)))
+    modes = {"forward_only": dict(writer_threads=0, forward_only=True),
+             "overlap": dict(writer_threads=threads), "inline": dict(writer_threads=0)}
+
+    def one(mode: str, samples: list[int]) -> dict:
+        dest = out / f"hs_{mode}"
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        t = run_transformers(model_dir, ds, samples, dest, aux, device, batch, model=model, **modes[mode])
+        return t
+
+    one("overlap", todo[: batch * 4])  # warm-up: kernels, cuDNN plans, allocator, pinned buffers
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    detail: dict[str, list[dict]] = {m: [] for m in modes}
+    for _ in range(rounds):
+        for mode in modes:
+            t = one(mode, todo)
+            rates[mode].append(t["tokens"] / t["seconds"])
+            detail[mode].append(t)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    run_transformers(model_dir, ds, list(range(min(samples, len(ds)))), out, aux, device, batch, threads)  # warm-up
     with profile(activities=acts) as prof:
-        run_transformers(model_dir, ds, list(range(min(samples, len(ds)))), out, aux, device, batch, threads)
+        one("overlap", todo[: batch * 8])
     key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=16, max_name_column_width=60).splitlines()
+    table = prof.key_averages().table(sort_by=key, row_limit=16, max_name_column_width=60).splitlines()
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {"rates": rates, "timings": detail}, table
 
 
 def main() -> None:
@@ -94,7 +121,7 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=30)
     ap.add_argument("--loss-fn", default="ce", help="ce: the target's argmax (what greedy verification accepts)")
     ap.add_argument("--seq-hi", type=int, default=1800, help="longest random sample (tokens)")
-    ap.add_argument("--profile-samples", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the in-process comparison")
     ap.add_argument("--draft-vocab", type=int, default=1024)
     ap.add_argument("--attn", default="sdpa", help="sdpa | simple_flex_attention (compiles ~2 min in step 0)")
     ap.add_argument("--device", default="cuda", help="cpu: a small dry run of this script itself")
@@ -127,43 +154,37 @@ def main() -> None:
     aux = sorted({min(2, a.layers - 1), a.layers // 2, max(a.layers - 3, 1)})
     aux_s = " ".join(map(str, aux))
     rates, timings = {}, {}
-    # forward-only twice, first and last: the spread between them is the run-to-run noise (and the
-    # first carries the warm-up of a fresh machine: page cache of the weights, allocator, kernels)
-    runs = [(f"b{a.batch}_forward_only", a.batch, 0, True), (f"b{a.batch}_inline", a.batch, 0, False),
-            (f"b{a.batch}_overlap", a.batch, a.writer_threads, False), (f"b{a.batch}_forward_only_2", a.batch, 0, True)]
-    pat = (r"device time: forward ([\d.]+)s, copy ([\d.]+)s; waiting on writers ([\d.]+)s, writing ([\d.]+)s")
-    for label, bs, threads, fwd_only in runs:
-        hs = out / f"hidden_states_{label}"
-        args = ["--backend", "transformers", "--device", a.device, "--batch-size", str(bs), "--writer-threads",
-                str(threads), "--model", str(model), "--data", str(out / "prepared"), "--out", str(hs),
-                "--aux-layers", aux_s] + (["--forward-only"] if fwd_only else [])
-        dt, text = stage("extract", *args, log=out / f"extract_{label}.log")
-        rates[label] = extract_rate(text)
-        m = re.search(pat, text)
-        timings[label] = dict(zip(["forward_s", "copy_s", "writer_wait_s", "writing_s"], map(float, m.groups()))) if m else {}
-        size = sum(p.stat().st_size for p in hs.glob("hs_*.safetensors")) if hs.exists() else 0
-        print(f"extract {label}: {rates[label]:.0f} tokens/s; stage {dt:.1f}s; {timings[label]}; "
-              f"{size / 1e9:.2f} GB of hs files")
-    fo = max(rates[f"b{a.batch}_forward_only"], rates[f"b{a.batch}_forward_only_2"])
-    results["extract_tokens_per_s"] = rates
-    results["extract_timings"] = timings
-    results["overlap_vs_forward_only"] = rates[f"b{a.batch}_overlap"] / fo
-    results["inline_vs_forward_only"] = rates[f"b{a.batch}_inline"] / fo
-    print(f"extract: vs the faster forward-only run (batch {a.batch}, {fo:.0f} tokens/s): blocking copies + inline "
-          f"writes {results['inline_vs_forward_only']:.2f}x, pinned copies + {a.writer_threads} writer threads "
-          f"{results['overlap_vs_forward_only']:.2f}x")
+    # The stage itself, as the pipeline runs it: its files train the drafter below.
+    hs = out / "hidden_states"
+    dt, text = stage("extract", "--backend", "transformers", "--device", a.device, "--batch-size", str(a.batch),
+                     "--writer-threads", str(a.writer_threads), "--model", str(model), "--data", str(out / "prepared"),
+                     "--out", str(hs), "--aux-layers", aux_s, log=out / "extract.log")
+    size = sum(p.stat().st_size for p in hs.glob("hs_*.safetensors"))
+    results["extract_stage"] = {"tokens_per_s": extract_rate(text), "stage_s": dt, "bytes": size}
+    print(f"extract stage (pinned copies + {a.writer_threads} writers, a fresh process): {extract_rate(text):.0f} "
+          f"tokens/s; stage {dt:.1f}s incl. model load; {size / 1e9:.2f} GB of hs files")
 
-    table = gpu_time_breakdown(model, out / "prepared", out / "hidden_states_profiled", a.device, a.batch,
-                               a.writer_threads, aux, a.profile_samples)
+    cmp, table = compare_in_process(model, out / "prepared", out / "cmp", a.device, a.batch, a.writer_threads,
+                                    aux, a.rounds)
+    results["extract_in_process"] = cmp
+    med = {m: statistics.median(v) for m, v in cmp["rates"].items()}
+    fo = med["forward_only"]
+    results["overlap_vs_forward_only"] = med["overlap"] / fo
+    results["inline_vs_forward_only"] = med["inline"] / fo
+    print(f"extract, one process, {a.rounds} alternating rounds, batch {a.batch} (tokens/s per round):")
+    for m, v in cmp["rates"].items():
+        t = cmp["timings"][m][-1]
+        print(f"  {m:13s} {' '.join(f'{x:8.0f}' for x in v)}   median {med[m]:8.0f} = {med[m] / fo:.2f}x forward-only;"
+              f" last round: forward {t['forward_s']:.2f}s, copy {t['copy_s']:.2f}s (device), writer wait "
+              f"{t['write_wait_s']:.2f}s, writing {t['write_busy_s']:.2f}s, elapsed {t['seconds']:.2f}s")
     (out / "gpu_time.txt").write_text("\n".join(table) + "\n")
-    print(f"extract (pinned copies + writers), where the device time goes (torch.profiler, batch {a.batch}, "
-          f"first {a.profile_samples} samples):")
+    print(f"one overlapped pass (first {a.batch * 8} samples), where the device time goes (torch.profiler):")
     print("\n".join(table))
 
     dt, _ = stage("vocab", "--data", str(out / "prepared"), "--model", str(model), "--draft-vocab-size",
                   str(a.draft_vocab), "--out", str(out / "vocab"), log=out / "vocab.log")
     dt, text = stage("train", "--model", str(model), "--data", str(out / "prepared"),
-                     "--hidden-states", str(out / f"hidden_states_b{a.batch}_overlap"), "--vocab", str(out / "vocab"),
+                     "--hidden-states", str(out / "hidden_states"), "--vocab", str(out / "vocab"),
                      "--out", str(out / "checkpoints"), "--aux-layers", aux_s, "--draft-vocab-size",
                      str(a.draft_vocab), "--epochs", "1", "--max-steps", str(a.train_steps), "--total-seq-len", "8192",
                      "--device", a.device, "--draft-attn-impl", a.attn, "--loss-implementation", "eager",

@@ -110,17 +110,20 @@ def forward_stacked(model, batch_ids: list[list[int]], aux_layers: list[int]):
 
     device = next(model.parameters()).device
     longest = max(len(x) for x in batch_ids)
-    ids = torch.zeros((len(batch_ids), longest), dtype=torch.long)
-    mask = torch.zeros_like(ids)
+    # Pinned, so the upload does not block this thread until the GPU has finished the previous batch
+    # (a copy from pageable memory does): the host prepares batch k+1 while batch k runs.
+    pinned = device.type == "cuda"
+    ids = torch.zeros((len(batch_ids), longest), dtype=torch.long, pin_memory=pinned)
+    mask = torch.zeros((len(batch_ids), longest), dtype=torch.long, pin_memory=pinned)
     for b, x in enumerate(batch_ids):
         ids[b, : len(x)] = torch.tensor(x)
         mask[b, : len(x)] = 1
+    ids, mask = ids.to(device, non_blocking=pinned), mask.to(device, non_blocking=pinned)
     captured: list = []
     hook = final_norm(model).register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
     try:
         with torch.inference_mode():
-            out = model.model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
-                              use_cache=False)
+            out = model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
             layers = [out.hidden_states[k] for k in aux_layers] + [captured[0]]
             return torch.stack(layers, dim=2).to(torch.bfloat16)
     finally:
@@ -315,16 +318,22 @@ class DeviceTimer:
         return {k: sum(a.elapsed_time(b) for a, b in v) / 1000 for k, v in self.pairs.items()}
 
 
+def row_ids(dataset, i: int) -> list[int]:
+    ids = dataset[i]["input_ids"]  # a tensor in prepare's (torch) format: one tolist, not an int() per token
+    return [int(t) for t in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+
+
 def run_transformers(model_dir: Path, dataset, todo: list[int], out: Path, aux_layers: list[int], device: str,
                      batch_size: int, writer_threads: int = 2, forward_only: bool = False,
-                     host_buffers: int = 3) -> dict:
+                     host_buffers: int = 3, model=None) -> dict:
     """Forward passes on this thread; the copies to host on a side stream into pinned buffers; the file
     writes on `writer_threads` others (0: copy and write inline, no overlap: the old way, a baseline).
-    forward_only: no copy, no write (a benchmark's ceiling for the same batches)."""
+    forward_only: no copy, no write (a benchmark's ceiling for the same batches).
+    model: one already loaded (a benchmark comparing modes in one process)."""
     import torch
     from tqdm import tqdm
 
-    model = load_hf_model(model_dir, device)
+    model = model if model is not None else load_hf_model(model_dir, device)
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     timer = DeviceTimer(cuda)
@@ -337,7 +346,7 @@ def run_transformers(model_dir: Path, dataset, todo: list[int], out: Path, aux_l
         with tqdm(total=len(todo), desc="Extracting hidden states", unit="sample", dynamic_ncols=True) as bar:
             for start in range(0, len(order), batch_size):
                 chunk = order[start: start + batch_size]
-                rows = [[int(t) for t in dataset[i]["input_ids"]] for i in chunk]
+                rows = [row_ids(dataset, i) for i in chunk]
                 paths = [hs_path(out, i) for i in chunk]
                 f0 = timer.start()
                 stacked = forward_stacked(model, rows, aux_layers)
