@@ -17,6 +17,7 @@ import json
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -66,8 +67,6 @@ def compare_in_process(model_dir: Path, data: Path, out: Path, device: str, batc
     measure process warm-up and GPU clock ramps too (the first of them ran at half the speed of a later
     identical one). Returns tokens/s per mode and round, and torch.profiler's table of one overlapped
     pass (the loop only, not the model load)."""
-    import shutil
-
     import torch
     from datasets import load_from_disk
     from torch.profiler import ProfilerActivity, profile
@@ -154,15 +153,21 @@ def main() -> None:
     aux = sorted({min(2, a.layers - 1), a.layers // 2, max(a.layers - 3, 1)})
     aux_s = " ".join(map(str, aux))
     rates, timings = {}, {}
-    # The stage itself, as the pipeline runs it: its files train the drafter below.
-    hs = out / "hidden_states"
-    dt, text = stage("extract", "--backend", "transformers", "--device", a.device, "--batch-size", str(a.batch),
-                     "--writer-threads", str(a.writer_threads), "--model", str(model), "--data", str(out / "prepared"),
-                     "--out", str(hs), "--aux-layers", aux_s, log=out / "extract.log")
-    size = sum(p.stat().st_size for p in hs.glob("hs_*.safetensors"))
-    results["extract_stage"] = {"tokens_per_s": extract_rate(text), "stage_s": dt, "bytes": size}
-    print(f"extract stage (pinned copies + {a.writer_threads} writers, a fresh process): {extract_rate(text):.0f} "
-          f"tokens/s; stage {dt:.1f}s incl. model load; {size / 1e9:.2f} GB of hs files")
+    # The stage itself, as the pipeline runs it (a fresh process): its files train the drafter below.
+    # First without padding the batches (--pad-multiple 1: every batch a new shape), as a baseline.
+    results["extract_stage"] = {}
+    for pad in (1, 64):
+        hs = out / ("hidden_states" if pad > 1 else "hidden_states_unpadded")
+        dt, text = stage("extract", "--backend", "transformers", "--device", a.device, "--batch-size", str(a.batch),
+                         "--writer-threads", str(a.writer_threads), "--model", str(model), "--data",
+                         str(out / "prepared"), "--out", str(hs), "--aux-layers", aux_s, "--pad-multiple", str(pad),
+                         log=out / f"extract_pad{pad}.log")
+        size = sum(p.stat().st_size for p in hs.glob("hs_*.safetensors"))
+        results["extract_stage"][f"pad{pad}"] = {"tokens_per_s": extract_rate(text), "stage_s": dt, "bytes": size}
+        print(f"extract stage, --pad-multiple {pad} (pinned copies + {a.writer_threads} writers, a fresh process): "
+              f"{extract_rate(text):.0f} tokens/s; stage {dt:.1f}s incl. model load; {size / 1e9:.2f} GB of hs files")
+        if pad == 1:
+            shutil.rmtree(hs)
 
     cmp, table = compare_in_process(model, out / "prepared", out / "cmp", a.device, a.batch, a.writer_threads,
                                     aux, a.rounds)
@@ -181,6 +186,11 @@ def main() -> None:
     print(f"one overlapped pass (first {a.batch * 8} samples), where the device time goes (torch.profiler):")
     print("\n".join(table))
 
+    if a.train_steps == 0:
+        results["wall_s"] = time.perf_counter() - t0
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        print(f"gpu_stages: no training asked (--train-steps 0); results in {out / 'results.json'}")
+        return
     dt, _ = stage("vocab", "--data", str(out / "prepared"), "--model", str(model), "--draft-vocab-size",
                   str(a.draft_vocab), "--out", str(out / "vocab"), log=out / "vocab.log")
     dt, text = stage("train", "--model", str(model), "--data", str(out / "prepared"),
