@@ -606,8 +606,9 @@ def merge_ranks(out_dir: Path, world_size: int, params: dict, num_samples: int, 
     files = [hs_path(out_dir, i) for i in range(total)]
     manifest.write(out_dir, "extract", files, params=params, hash_limit=0,
                    counts={"samples": total, "tokens": sum(d["counts"]["tokens"] for d in docs),
-                           "layers": docs[0]["counts"]["layers"], "hidden_size": docs[0]["counts"]["hidden_size"]},
-                   extra={"ranks": world_size})
+                           "layers": docs[0]["counts"]["layers"], "hidden_size": docs[0]["counts"]["hidden_size"],
+                           "trimmed": sum(d["counts"].get("trimmed", 0) for d in docs)},
+                   extra={"ranks": world_size, **({"dataset": TRIMMED_DATA} if "trim_to" in params else {})})
 
 
 if __name__ == "__main__":
