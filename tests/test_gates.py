@@ -101,7 +101,9 @@ def test_a_good_drafter_passes_and_the_forecast_meets_the_eval(tmplab):
     assert fc["offline"]["acceptance_rate"] == 0.42 and fc["made_at"] and fc["age_s"] >= 0
     [h] = st["pipeline"]["forecast_history"]
     assert (h["forecast_rate"], h["eval_rate"]) == (0.42, 0.30) and abs(h["error"] - 0.12) < 1e-9
-    assert "forecast" in tmplab.lab("summary").stdout
+    summary = tmplab.lab("summary").stdout
+    assert "forecast (checkpoint) vs eval: acceptance 42.0% forecast, 30.0% measured (error +12.0%)" in summary
+    assert "forecast: PAYS: acceptance 30.0%" in tmplab.lab("status").stdout
 
 
 def test_a_gate_on_a_later_stage_keeps_it_from_starting(tmplab):

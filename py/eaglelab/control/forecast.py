@@ -14,7 +14,6 @@ Each train run's last offline forecast and the eval that followed it are kept in
 from __future__ import annotations
 
 import datetime
-import json
 import time
 from pathlib import Path
 
@@ -198,5 +197,6 @@ def describe(fc: dict | None) -> str:
     if not fc or "acceptance_rate" not in fc:
         return "no forecast yet"
     sp = f", speedup {fc['speedup']:.2f}x" if isinstance(fc.get("speedup"), (int, float)) else ""
+    age = f", {fc['age_s']:.0f} s ago" if isinstance(fc.get("age_s"), (int, float)) else ""
     return (f"{fc['verdict']}: acceptance {fc['acceptance_rate']:.1%}, mean length {fc['mean_acceptance_length']:.2f}"
-            f"{sp} (from {fc['source']}, {json.dumps(fc.get('made_at'))})")
+            f"{sp} (from {fc['source']}{age})")
