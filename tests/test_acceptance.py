@@ -56,6 +56,10 @@ def trained(tmp_path_factory):
     return {**paths, "out": out, "log": log}
 
 
+SLOW = pytest.mark.timeout(1800)  # builds data and trains 2 epochs: ~4 min idle, far more on a loaded machine
+
+
+@SLOW
 def test_every_checkpoint_gets_an_estimate_on_held_out_rows(trained):
     docs = acceptance.read(trained["out"])
     assert [d["epoch"] for d in docs] == [0, 1]
@@ -67,6 +71,7 @@ def test_every_checkpoint_gets_an_estimate_on_held_out_rows(trained):
     assert docs[-1]["per_position"][0] > 0.02   # it learned something in 2 epochs (a fresh drafter: ~0)
 
 
+@SLOW
 def test_the_estimate_agrees_with_speculators_validation_accuracy(trained):
     """Position 0 of the estimate is speculators' val full_acc_0 on the same held-out rows."""
     last = acceptance.read(trained["out"])[-1]
@@ -75,6 +80,7 @@ def test_the_estimate_agrees_with_speculators_validation_accuracy(trained):
     assert abs(last["per_position"][0] - full_acc_0) < 0.02
 
 
+@SLOW
 def test_a_shuffled_drafter_scores_near_zero(trained):
     """The same checkpoint with its output rows permuted: the estimate must see the damage."""
     drafter = acceptance.load_checkpoint(trained["out"] / "1")
@@ -90,6 +96,7 @@ def test_a_shuffled_drafter_scores_near_zero(trained):
     assert bad["acceptance_rate"] < good["acceptance_rate"] / 2
 
 
+@SLOW
 def test_the_log_line_becomes_the_train_pages_curve(trained):
     lines = [line for line in trained["log"].splitlines() if "acceptance/rate=" in line]
     assert len(lines) == 2
