@@ -229,7 +229,41 @@ def overview(status: dict, now: float) -> dict:
     return {"rows": [{"host": hosts.get(name, {"name": name}), "cells": cells} for name, cells in rows.items()],
             "counts": counts, "pipeline": pipeline if busy else None, "busy": busy,
             "outcome": guarded(lambda: outcome_view(status.get("outcome"), now), {"verdict": "NOT MEASURED"})
-            if status.get("outcome") is not None else None}
+            if status.get("outcome") is not None else None,
+            "forecast": guarded(lambda: forecast_view(mapping(status.get("pipeline")), now), {})}
+
+
+SOURCE_WORDS = {"pilot": "a pilot slice's checkpoint", "checkpoint": "the latest training checkpoint (offline)",
+                "eval": "the served measurement"}
+
+
+def forecast_view(pipe: dict, now: float) -> dict:
+    """pipeline.forecast in words: verdict, figures, where from and how old; past forecasts' errors."""
+    fc = mapping(pipe.get("forecast"))
+    hist = [h for h in pipe.get("forecast_history") or [] if isinstance(h, dict)] \
+        if isinstance(pipe.get("forecast_history"), list) else []
+    if num(fc.get("acceptance_rate")) is None and not hist:
+        return {}
+    made = ts(fc.get("made_at"))
+    off = mapping(fc.get("offline"))
+    return {
+        "present": num(fc.get("acceptance_rate")) is not None,
+        "verdict": str(fc.get("verdict") or ""), "css": str(fc.get("verdict") or "").lower().replace("_", "-"),
+        "acceptance_rate": pct(fc.get("acceptance_rate")),
+        "mean_acceptance_length": "" if num(fc.get("mean_acceptance_length")) is None
+        else f"{num(fc.get('mean_acceptance_length')):.2f}",
+        "speedup": "" if num(fc.get("speedup")) is None else f"{num(fc.get('speedup')):.2f}×",
+        "source": str(fc.get("source") or ""), "source_words": SOURCE_WORDS.get(str(fc.get("source")), ""),
+        "checkpoints": fc.get("checkpoints"), "run": fc.get("run"),
+        "age": fmt_duration(max(0.0, now - made)) if made is not None else "",
+        "made": fmt_clock(made, now),
+        "offline": pct(off.get("acceptance_rate")) if off else "",
+        "reasons": [str(r) for r in fc.get("reasons") or []] if isinstance(fc.get("reasons"), list) else [],
+        "history": [{"train_run": h.get("train_run"), "forecast": pct(h.get("forecast_rate")),
+                     "eval": pct(h.get("eval_rate")), "error": "" if num(h.get("error")) is None
+                     else f"{100 * num(h.get('error')):+.1f} pts", "source": str(h.get("source") or "")}
+                    for h in hist],
+    }
 
 
 # -- the outcome (status_web/outcome.py) ----------------------------------------------------------
@@ -484,6 +518,8 @@ def metric_rank(name: str) -> tuple:
     alphabetically (learning rates, throughput)."""
     short = name.rsplit("/", 1)[-1]
     pos = _POSITION.search(short)
+    if name.startswith("acceptance/"):  # the offline acceptance curve (eaglelab.stages.acceptance) leads
+        return (-1, name != "acceptance/rate", name)
     if "loss" in short:
         return (0, name.startswith("val"), name)
     if pos:

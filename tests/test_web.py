@@ -476,3 +476,28 @@ def test_a_host_never_contacted_is_shown_so_not_as_reachable(lab):
     lab.refresh()
     app.extensions["eaglelab"].snapshot.refresh_now()
     assert ">reachable<" in text(c.get("/hosts"))
+
+
+def test_overview_shows_the_forecast_its_source_age_and_past_errors():
+    status = web_samples.lab_status()
+    status["pipeline"] = {**(status.get("pipeline") or {}), "forecast": {
+        "source": "checkpoint", "acceptance_rate": 0.156, "mean_acceptance_length": 1.468, "speedup": None,
+        "verdict": "LOW_ACCEPTANCE", "reasons": ["acceptance rate 15.6% < 30%"], "checkpoints": 3,
+        "run": "train-20270115T080000-cccc", "made_at": web_samples.iso(-90)},
+        "forecast_history": [{"train_run": "train-20270114T080000-dddd", "forecast_rate": 0.16, "eval_rate": 0.187,
+                              "error": -0.027, "source": "checkpoint"}]}
+    html = text(sample_app(status).test_client().get("/"))
+    box = re.search(r'<section class="forecast.*?</section>', html, re.S).group(0)
+    assert 'id="forecast-verdict">LOW_ACCEPTANCE<' in box and 'id="f-acceptance">15.6%<' in box
+    assert "the latest training checkpoint (offline)" in box and "3 checkpoint estimates" in box
+    assert "1m 30s ago" in box, box
+    assert "train-20270114T080000-dddd" in box and "-2.7 pts" in box
+    # without evidence there is no forecast box at all
+    assert 'class="forecast' not in text(sample_app(web_samples.lab_status()).test_client().get("/"))
+
+
+def test_the_acceptance_curve_leads_the_train_page():
+    from status_web import model as web_model
+
+    names = ["train/loss", "acceptance/mean_length", "train/full_acc_0", "acceptance/rate", "lr"]
+    assert sorted(names, key=web_model.metric_rank)[:2] == ["acceptance/rate", "acceptance/mean_length"]

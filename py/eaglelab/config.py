@@ -126,8 +126,8 @@ class WebhookConfig(_Strict):
     url: str | None = None
     url_env: str | None = None  # the URL from this environment variable (keeps the secret out of conf/)
     format: Literal["generic", "slack", "ntfy"] = "generic"
-    events: list[Literal["completed", "failed", "stalled", "pipeline_finished"]] = [
-        "completed", "failed", "stalled", "pipeline_finished"]
+    events: list[Literal["completed", "failed", "stalled", "pipeline_finished", "gate_failed"]] = [
+        "completed", "failed", "stalled", "pipeline_finished", "gate_failed"]
 
     @model_validator(mode="after")
     def _one_url(self):
@@ -231,9 +231,19 @@ class StageConfig(_Strict):
         return self._transfer
 
 
+class GateConfig(_Strict):
+    """Conditions on the pipeline's forecast that a stage needs (README "Foresight"); eaglelab.control.gates."""
+    min_acceptance_rate: float | None = Field(None, ge=0, le=1)   # the forecast's acceptance rate
+    min_mean_acceptance_length: float | None = Field(None, ge=1)
+    min_speedup: float | None = Field(None, gt=0)                 # only once a speedup is measured
+    max_disagreement: float | None = Field(None, ge=0, le=1)      # |offline - served| acceptance rate
+    min_checkpoints: int = Field(2, ge=1)  # offline estimates seen before a checkpoint forecast may fail it
+
+
 class PipelineConfig(_Strict):
     vars: dict[str, Any] = {}
     stages: dict[str, StageConfig] = Field(min_length=1)
+    gates: dict[str, GateConfig] = {}  # stage -> the gate it must pass (before it starts and while it runs)
 
 
 class Config:
@@ -483,7 +493,7 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(current, "model_fields", {}))
 
 
-PROFILE_KEYS = {"hosts", "vars", "stages", "notify", "web", "description"}
+PROFILE_KEYS = {"hosts", "vars", "stages", "notify", "web", "description", "gates"}
 
 
 def check_name(kind: str, name: object, where: str) -> None:
@@ -514,7 +524,7 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             raise ConfigError(f"{prof_file}: unknown key(s) {', '.join(sorted(unknown))}; "
                               f"a profile may set: {', '.join(sorted(PROFILE_KEYS))}")
     prof_lab = {k: prof_raw[k] for k in ("hosts", "notify", "web") if k in prof_raw}
-    prof_pipe = {k: prof_raw[k] for k in ("vars", "stages") if k in prof_raw}
+    prof_pipe = {k: prof_raw[k] for k in ("vars", "stages", "gates") if k in prof_raw}
     lab = _validate(LabConfig, _deep_merge(lab_raw, prof_lab), [lab_file, prof_file], [lab_raw, prof_lab])
     pipe = _validate(PipelineConfig, _deep_merge(pipe_raw, prof_pipe), [pipe_file, prof_file],
                      [pipe_raw, prof_pipe])
@@ -557,6 +567,10 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
         if s.kind == "service" and s.ready is None:
             raise ConfigError(f"{pipe_at('stages', name, 'kind')}: stages.{name}: a service needs `ready:` "
                               f"(log_regex or url)")
+    for name in pipe.gates:
+        if name not in pipe.stages:
+            raise ConfigError(f"{pipe_at('gates', name)}: gates.{name}: no stage {name!r}"
+                              f"{did_you_mean(name, pipe.stages)}; a gate is keyed by the stage it guards")
     for k, v in pipe.vars.items():
         if isinstance(v, (dict, list)) or v is None:
             raise ConfigError(f"{pipe_at('vars', k)}: vars.{k} is a {type(v).__name__}; a var is a string or a "

@@ -47,9 +47,11 @@ def cli(ctx: click.Context, conf: str | None, profile: str | None) -> None:
 @click.option("--force", is_flag=True, help="Run even if the stage is up to date.")
 @click.option("--deps", is_flag=True, help="Also run the jobs it depends on, where needed.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not stream the log while waiting.")
+@click.option("--ignore-gates", is_flag=True, help="Do not stop a stage whose gate fails while it runs.")
 @pass_ctx
-def run(c: _Ctx, stages: tuple[str, ...], wait: bool, force: bool, deps: bool, quiet: bool) -> None:
+def run(c: _Ctx, stages: tuple[str, ...], wait: bool, force: bool, deps: bool, quiet: bool, ignore_gates: bool) -> None:
     """Run STAGES in order; a running stage is attached to, an unchanged completed one skipped."""
+    c.lab.ignore_gates = ignore_gates
     for name in stages:
         rec = c.lab.run(name, force=force, deps=deps, wait=wait, follow=not quiet)
         if wait and c.lab.cfg.stage(name).kind == "job" and rec["state"] != "completed":
@@ -61,10 +63,12 @@ def run(c: _Ctx, stages: tuple[str, ...], wait: bool, force: bool, deps: bool, q
 @click.option("--keep-services", is_flag=True, help="Leave services running at the end.")
 @click.option("--quiet", "-q", is_flag=True, help="Do not stream logs.")
 @click.option("--notify/--no-notify", default=True, help="Send the pipeline_finished webhook (cron firings send their own).")
+@click.option("--ignore-gates", is_flag=True, help="Run the stages whose gate (conf/pipeline.yaml gates:) fails.")
 @pass_ctx
-def pipeline(c: _Ctx, force: bool, keep_services: bool, quiet: bool, notify: bool) -> None:
+def pipeline(c: _Ctx, force: bool, keep_services: bool, quiet: bool, notify: bool, ignore_gates: bool) -> None:
     """Run every job of the pipeline in dependency order (each one only if needed)."""
     lab = c.lab
+    lab.ignore_gates = ignore_gates
     t0 = time.time()
     result = lab.pipeline(force=force, keep_services=keep_services, follow=not quiet, out=sys.stdout)
     if notify:
@@ -76,7 +80,7 @@ def pipeline(c: _Ctx, force: bool, keep_services: bool, quiet: bool, notify: boo
     if result.error is not None:
         raise result.error
     if result.failed:
-        click.echo(f"lab: pipeline stopped at {result.failed['stage']} ({result.failed['state']})", err=True)
+        click.echo(f"lab: pipeline stopped at {result.failed['stage']} ({result.detail})", err=True)
         raise click.exceptions.Exit(exit_code_of(result.failed))
     click.echo("lab: pipeline complete")
 

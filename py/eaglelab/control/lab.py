@@ -40,6 +40,8 @@ class Lab:
         self._executors: dict[str, Executor] = {}
         from . import notify  # stage completed/failed/stalled -> webhooks, seen as the registry learns it
         self.notifier = notify.watch(self)
+        self.ignore_gates = False  # --ignore-gates (eaglelab.control.gates)
+        self.gate_failures: dict[str, list[str]] = {}  # run id -> why its gate stopped it
 
     @classmethod
     def load(cls, conf_dir: str | None = None, profile: str | None = None) -> "Lab":
@@ -321,6 +323,8 @@ class Lab:
         """Follow the run's log (to out, if given) until the run ends; the final record."""
         offset = rec.get("log_size", 0) if out is None else 0
         ex = self.executor(rec["host"])
+        from . import gates
+        gate_watch = gates.Watch(self)  # a failing gate on this stage stops the run
         while True:
             if out is not None:
                 offset = self._pump_log(ex, rec["id"], offset, out)
@@ -331,6 +335,7 @@ class Lab:
                     self._pump_log(ex, rec["id"], offset, out)
                     print(f"lab: {cur['id']} {cur['state']}{_end_detail(cur)}", file=out)
                 return cur
+            gate_watch(cur, out)
             time.sleep(poll_s)
 
     @staticmethod
@@ -378,10 +383,18 @@ class Lab:
         jobs = [n for n in self.cfg.stage_order() if self.cfg.stage(n).kind == "job"]
         try:
             for i, name in enumerate(jobs):
+                from . import gates
+                gated = gates.blocked(self, name, out)  # its gate fails already: it does not start
+                if gated:
+                    result.ran.append({"stage": name, "run": None, "state": "gated"})
+                    result.failed = gated
+                    break
                 try:
                     rec = self.run(name, force=force, wait=True, follow=follow, reap=False)
                 except EaglelabError as e:  # could not start (a service died, preflight): a failure too
                     result.error, rec = e, {"stage": name, "state": "failed", "id": None}
+                if rec.get("id") in self.gate_failures:
+                    rec = {**rec, "gate": self.gate_failures[rec["id"]]}
                 result.ran.append({"stage": name, "run": rec.get("id"), "state": rec.get("state")})
                 if rec["state"] != "completed":
                     result.failed = rec
@@ -411,6 +424,8 @@ class PipelineResult:
 
     @property
     def detail(self) -> str:
+        if self.failed and self.failed.get("gate"):
+            return f"{self.failed['stage']} stopped by its gate: " + "; ".join(self.failed["gate"])
         return f"{self.failed['stage']} {self.failed['state']}" if self.failed else f"{len(self.ran)} stages completed"
 
 

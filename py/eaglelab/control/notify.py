@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 from eaglelab.figures import human_duration as _human
 from eaglelab.model import ACTIVE, how_it_ended
 
-EVENTS = ("completed", "failed", "stalled", "pipeline_finished")
+EVENTS = ("completed", "failed", "stalled", "pipeline_finished", "gate_failed")
 MAX_ATTEMPTS = 6
 BACKOFF_S = 2.0  # 2, 4, 8, 16, 32 s between attempts: the last one about a minute after the first
 TIMEOUT_S = 10.0  # per attempt (connect + answer)
@@ -112,7 +112,7 @@ def stage_payload(event: str, run: dict, status_url: str, now: float) -> dict:
 
 
 ICONS = {"completed": ("white_check_mark", "3"), "failed": ("x", "4"), "stalled": ("hourglass", "4"),
-         "pipeline_finished": ("checkered_flag", "3")}
+         "pipeline_finished": ("checkered_flag", "3"), "gate_failed": ("no_entry", "4")}
 
 
 def render(fmt: str, payload: dict) -> tuple[bytes, dict[str, str]]:

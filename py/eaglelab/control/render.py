@@ -202,6 +202,10 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
         rng = f" ({clock_days(pipe.get('finish_low_at'))}–{clock_days(pipe.get('finish_high_at'))})"
         console.print(esc(f"started now, the pipeline would finish about {clock_days(pipe['finish_at'])}{rng} "
                           f"(first-run priors: input sizes x declared throughputs)"))
+    fc = pipe.get("forecast")
+    if isinstance(fc, dict) and isinstance(fc.get("acceptance_rate"), (int, float)):
+        from .forecast import describe  # README "Foresight"
+        console.print(esc("forecast: " + describe(fc)), markup=False, highlight=False)
     if show_all:
         allruns = Table(title="all runs", title_justify="left")
         allruns.add_column("run", no_wrap=True)

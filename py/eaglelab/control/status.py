@@ -56,7 +56,8 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
     from .services import usage
     status = {"schema": SCHEMA, "generated_at": utcnow_iso(now), "profile": lab.cfg.profile,
               "runs": runs, "hosts": hosts, "stages": stages, "services": usage(lab, now)}
-    return _annotate_eta(lab, status, now, refresh)
+    from . import forecast  # pipeline.forecast: will the drafter pay off (README "Foresight")
+    return forecast.annotate(lab, _annotate_eta(lab, status, now, refresh), now)
 
 
 def _annotate_eta(lab: Lab, status: dict, now: float, refresh: bool = False) -> dict:

@@ -134,11 +134,15 @@ def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Pat
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--gpus", default=1, show_default=True, help=">1: relaunch under torchrun with this many processes")
 @click.option("--trust-remote-code/--no-trust-remote-code", default=False, help="the verifier needs custom code")
+@click.option("--acceptance-k", default=3, show_default=True,
+              help="estimate each checkpoint's acceptance offline for this many speculative tokens (0: off)")
+@click.option("--acceptance-samples", default=32, show_default=True, help="held-out rows per estimate")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Path, aux_layers: str,
          draft_vocab_size: int, epochs: int, lr: float, total_seq_len: int, loss_implementation: str,
          draft_attn_impl: str, ttt_steps: int, loss_fn: str, num_workers: int | None, max_steps: int | None, device: str,
-         gpus: int, trust_remote_code: bool, extra: tuple[str, ...]) -> None:
+         gpus: int, trust_remote_code: bool, acceptance_k: int, acceptance_samples: int,
+         extra: tuple[str, ...]) -> None:
     """Train the drafter (EXTRA args go to `speculators train` unchanged)."""
     import torch
 
@@ -203,7 +207,14 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
     from speculators.train.config import TrainConfig
 
     click.echo(f"train: speculators train {' '.join(argv)}")
-    train_main(TrainConfig.resolve(argv))
+    train_cfg = TrainConfig.resolve(argv)
+    if acceptance_k > 0:
+        from . import acceptance
+
+        acceptance.install_trainer_hook(out_dir=out_dir, verifier=model, data=data, hidden_states=hidden_states,
+                                        k=acceptance_k, train_data_ratio=train_cfg.data.train_data_ratio,
+                                        max_samples=acceptance_samples, echo=lambda m: click.echo(m, err=False))
+    train_main(train_cfg)
     if int(os.environ.get("RANK", "0")) != 0:
         return
     done = completed_epochs(out_dir)

@@ -64,8 +64,20 @@ def summarize(lab: Lab) -> dict:
         stages.append({"stage": name, "host": stage.host, "run": run.get("id"), "state": run.get("state", "pending"),
                        "duration_s": run.get("duration_s"), "outputs": outputs})
     total = sum(s["duration_s"] or 0 for s in stages)
+    from .. import forecast
+    pipe = forecast.annotate(lab, {"runs": lab.registry.runs()})["pipeline"]
     return {"schema": 1, "profile": lab.cfg.profile, "stages": stages, "headline": headline,
-            "total_duration_s": total}
+            "total_duration_s": total, "forecast": pipe["forecast"], "forecast_vs_eval": _versus(pipe["forecast"])}
+
+
+def _versus(fc: dict | None) -> dict | None:
+    """The offline forecast next to the served measurement, once both exist."""
+    if not fc or fc.get("source") != "eval" or not fc.get("offline"):
+        return None
+    off = fc["offline"]
+    return {"forecast_rate": off["acceptance_rate"], "measured_rate": fc["acceptance_rate"],
+            "error": off["acceptance_rate"] - fc["acceptance_rate"], "forecast_length": off["mean_acceptance_length"],
+            "measured_length": fc["mean_acceptance_length"], "forecast_source": off["source"]}
 
 
 @click.command("summary")
@@ -88,6 +100,14 @@ def summary(ctx, as_json: bool) -> None:
         if key in s["headline"]:
             value = s["headline"][key]
             click.echo(f"{label}: {fmt.format(value) if value is not None else 'n/a'}")
+    vs, fc = s["forecast_vs_eval"], s["forecast"]
+    if vs:
+        click.echo(f"forecast ({vs['forecast_source']}) vs eval: acceptance {vs['forecast_rate']:.1%} forecast, "
+                   f"{vs['measured_rate']:.1%} measured (error {vs['error']:+.1%}); mean length "
+                   f"{vs['forecast_length']:.2f} vs {vs['measured_length']:.2f}")
+    elif fc and "acceptance_rate" in fc:
+        click.echo(f"forecast: {fc['verdict']}, acceptance {fc['acceptance_rate']:.1%}, mean length "
+                   f"{fc['mean_acceptance_length']:.2f} (from {fc['source']}; no eval to compare with yet)")
 
 
 def _counts(c: dict) -> str:

@@ -1,0 +1,202 @@
+"""The pipeline's forecast: will the drafter pay off? `lab status --json` -> pipeline.forecast.
+
+Evidence, best last:
+  pilot       offline acceptance of a pilot train stage's checkpoints (a stage named pilot*)
+  checkpoint  offline acceptance of the current train run's latest checkpoint (its log's
+              `acceptance/rate=..., acceptance/mean_length=...` lines, eaglelab.stages.acceptance)
+  eval        the served measurement (the eval stage's manifest: acceptance, speedup, verdict)
+An eval counts only when it ran after the current train run started (else it measured an older drafter).
+
+Each train run's last offline forecast and the eval that followed it are kept in
+<logs_dir>/forecast.json, so the page can say how far forecasts were from measurements before.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from pathlib import Path
+
+from eaglelab.fsutil import atomic_write_json, read_json, utcnow_iso
+
+RATE, LENGTH = "acceptance/rate", "acceptance/mean_length"
+STORE = "forecast.json"
+HISTORY_KEEP = 20
+
+
+def ts(v) -> float | None:
+    """An ISO time (or epoch seconds) as epoch seconds; None for anything else."""
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return datetime.datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def verdict(rate: float, mean_len: float, speedup: float | None) -> tuple[str, list[str]]:
+    """The eval stage's verdict rules; without a speedup a good forecast is PROMISING, not PAYS."""
+    from eaglelab.stages.eval import verdict as eval_verdict
+
+    v, reasons = eval_verdict(speedup, {"acceptance_rate": rate, "mean_acceptance_length": mean_len})
+    if speedup is None and v == "PAYS":
+        return "PROMISING", [f"offline acceptance {rate:.1%}, mean length {mean_len:.2f}; speedup not measured yet"]
+    return v, reasons
+
+
+def offline_evidence(run: dict) -> dict | None:
+    """The last offline estimate in a run's log state, and how many there were; None without any."""
+    metrics = (run.get("log_state") or {}).get("metrics") or {}
+    rate, length = metrics.get(RATE) or [], metrics.get(LENGTH) or []
+    if not rate or not length:
+        return None
+    try:
+        r, n = float(rate[-1][1]), float(length[-1][1])
+    except (TypeError, ValueError, IndexError):
+        return None
+    return {"acceptance_rate": r, "mean_acceptance_length": n, "checkpoints": len(rate),
+            "curve": [[p[0], p[1]] for p in rate], "run": run.get("id"), "stage": run.get("stage")}
+
+
+def eval_evidence(lab, stage_name: str) -> dict | None:
+    """The eval stage's figures from its output manifest (hosts this controller can read)."""
+    stage = lab.cfg.stage(stage_name)
+    if lab.cfg.host(stage.host).reach != "local":
+        return None
+    spec = lab.launch_spec(stage)
+    for out in spec["outputs"]:
+        doc = read_json(Path(spec["cwd"], out) / "manifest.json")
+        extra = (doc or {}).get("extra") or {}
+        if (doc or {}).get("stage") == "eval" and isinstance(extra.get("acceptance_rate"), (int, float)):
+            return {"acceptance_rate": float(extra["acceptance_rate"]),
+                    "mean_acceptance_length": float(extra.get("mean_acceptance_length") or 1.0),
+                    "speedup": extra.get("speedup"), "verdict": extra.get("verdict")}
+    return None
+
+
+def _latest(runs: list[dict], pred) -> dict | None:
+    found = [r for r in runs if pred(r)]
+    return max(found, key=lambda r: ts(r.get("started_at")) or 0.0) if found else None
+
+
+def _stage_of(runs, name: str) -> list[dict]:
+    return [r for r in runs if r.get("stage") == name]
+
+
+def make(lab, status: dict, now: float) -> dict | None:
+    """The forecast from the status's runs and the eval manifest, or None before any evidence."""
+    runs = [r for r in status.get("runs") or [] if isinstance(r, dict)]
+    stages = lab.cfg.stages
+    train_names = [n for n in stages if n == "train" or (n.startswith("train") and not n.startswith("pilot"))]
+    train = _latest(runs, lambda r: r.get("stage") in train_names)
+    best = None
+    pilot = _latest(runs, lambda r: str(r.get("stage", "")).startswith("pilot") and offline_evidence(r))
+    if pilot is not None:
+        best = {"source": "pilot", **offline_evidence(pilot)}
+    if train is not None and offline_evidence(train):
+        best = {"source": "checkpoint", **offline_evidence(train)}
+    for name in [n for n in stages if n == "eval"]:
+        ev_run = _latest(_stage_of(runs, name), lambda r: r.get("state") == "completed")
+        started = ts((train or {}).get("started_at")) or 0.0
+        if ev_run is None or (train is not None and (ts(ev_run.get("started_at")) or 0.0) < started):
+            continue
+        ev = eval_evidence(lab, name)
+        if ev is not None:
+            offline = best if best and best["source"] != "eval" else None
+            best = {"source": "eval", **ev, "run": ev_run.get("id"), "stage": name,
+                    "offline": {k: offline[k] for k in ("acceptance_rate", "mean_acceptance_length", "source")}
+                    if offline else None}
+    if best is None:
+        return None
+    if best["source"] != "eval":
+        best["speedup"] = None
+        best["verdict"], best["reasons"] = verdict(best["acceptance_rate"], best["mean_acceptance_length"], None)
+    else:
+        best["reasons"] = []
+    best["train_run"] = (train or {}).get("id")
+    return best
+
+
+def _key(f: dict) -> str:
+    return f"{f['source']}:{f.get('run')}:{f['acceptance_rate']:.6f}:{f['mean_acceptance_length']:.6f}"
+
+
+def remember(path: Path, forecast: dict | None, now: float) -> dict:
+    """Keep made_at stable for the same evidence and pair each train run's forecast with its eval."""
+    store = read_json(path) or {}
+    if not isinstance(store.get("pipelines"), dict):
+        store = {"schema": 1, "current": None, "pipelines": {}}
+    changed = False
+    if forecast is not None:
+        cur = store.get("current") or {}
+        if cur.get("key") != _key(forecast):
+            store["current"] = {"key": _key(forecast), "made_at": utcnow_iso(now)}
+            changed = True
+        forecast["made_at"] = store["current"]["made_at"]
+        forecast["age_s"] = max(0.0, now - (ts(forecast["made_at"]) or now))
+        tr = forecast.get("train_run")
+        if tr:
+            entry = store["pipelines"].setdefault(tr, {"train_run": tr})
+            if forecast["source"] in ("pilot", "checkpoint"):
+                fc = {k: forecast[k] for k in ("acceptance_rate", "mean_acceptance_length", "source", "made_at")}
+                if entry.get("forecast") != fc:
+                    entry["forecast"], changed = fc, True
+            elif forecast["source"] == "eval" and entry.get("eval") is None:
+                if entry.get("forecast") is None and forecast.get("offline"):  # nobody looked while it trained
+                    entry["forecast"] = {**forecast["offline"], "made_at": None}
+                entry["eval"] = {k: forecast.get(k) for k in ("acceptance_rate", "mean_acceptance_length", "speedup",
+                                                              "verdict")}
+                entry["eval"]["at"] = forecast["made_at"]
+                changed = True
+            entry.setdefault("first_seen", utcnow_iso(now))
+    if changed:
+        pipelines = sorted(store["pipelines"].values(), key=lambda e: e.get("first_seen") or "")[-HISTORY_KEEP:]
+        store["pipelines"] = {e["train_run"]: e for e in pipelines}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, store)
+        except OSError:
+            pass  # a read-only logs dir: the forecast still shows, only its history is not kept
+    return store
+
+
+def comparisons(store: dict) -> list[dict]:
+    """Earlier pipelines with both a forecast and an eval: the forecast's error, newest first."""
+    out = []
+    for e in store.get("pipelines", {}).values():
+        f, ev = e.get("forecast"), e.get("eval")
+        if not f or not ev:
+            continue
+        out.append({"train_run": e["train_run"], "forecast_rate": f["acceptance_rate"], "eval_rate": ev["acceptance_rate"],
+                    "error": f["acceptance_rate"] - ev["acceptance_rate"],
+                    "forecast_length": f["mean_acceptance_length"], "eval_length": ev["mean_acceptance_length"],
+                    "forecast_at": f.get("made_at"), "eval_at": ev.get("at"), "source": f.get("source")})
+    return sorted(out, key=lambda c: c.get("eval_at") or "", reverse=True)
+
+
+def annotate(lab, status: dict, now: float | None = None) -> dict:
+    """status['pipeline']['forecast'] (None before evidence) and ['forecast_history']."""
+    now = now or time.time()
+    try:
+        fc = make(lab, status, now)
+        store = remember(lab.cfg.logs_dir / STORE, fc, now)
+    except Exception as e:  # noqa: BLE001 - a forecast that cannot be made never breaks `lab status`
+        fc, store = {"error": f"{type(e).__name__}: {e}"[:300]}, {}
+    pipe = status.get("pipeline")
+    if not isinstance(pipe, dict):
+        pipe = status["pipeline"] = {} if pipe is None else {"eta": pipe}
+    pipe["forecast"] = fc
+    pipe["forecast_history"] = comparisons(store)
+    return status
+
+
+def describe(fc: dict | None) -> str:
+    """One line for terminals and notifications."""
+    if not fc or "acceptance_rate" not in fc:
+        return "no forecast yet"
+    sp = f", speedup {fc['speedup']:.2f}x" if isinstance(fc.get("speedup"), (int, float)) else ""
+    age = f", {fc['age_s']:.0f} s ago" if isinstance(fc.get("age_s"), (int, float)) else ""
+    return (f"{fc['verdict']}: acceptance {fc['acceptance_rate']:.1%}, mean length {fc['mean_acceptance_length']:.2f}"
+            f"{sp} (from {fc['source']}{age})")

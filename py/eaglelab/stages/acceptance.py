@@ -1,0 +1,264 @@
+"""Offline acceptance of a drafter checkpoint, from held-out hidden states (no server).
+
+EAGLE-3 drafts k tokens in sequence; greedy verification keeps the drafted tokens up to the first
+one that differs from the verifier's own next token. Teacher-forced on the verifier's hidden
+states (as speculators trains), the drafter's k steps from every supervised position t give
+
+    correct_s(t) = [draft step s from t == the verifier's argmax at t+s]      s = 0..k-1
+    a_s          = mean over t of  correct_0(t) and ... and correct_s(t)       (vLLM's per-position acceptance)
+
+and from those, as vLLM's spec_decode counters report them:
+
+    acceptance_rate        = (a_0 + ... + a_{k-1}) / k
+    mean_acceptance_length = 1 + a_0 + ... + a_{k-1}                          (the +1 is the verifier's bonus token)
+
+The verifier's next token is the argmax of its FULL lm_head (not the draft vocabulary's rows): a
+token outside the draft vocabulary is a miss, as it is when serving. Held out = speculators' own
+validation split (the last 1 - train_data_ratio of the prepared rows), which training never sees.
+
+    python -m eaglelab.stages.acceptance --checkpoint data/demo/checkpoints/3 --model data/demo/model \
+        --data data/demo/prepared --hidden-states data/demo/hidden_states --k 3
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+FILE_NAME = "acceptance.jsonl"  # in the train stage's --out, one line per estimated checkpoint
+LOG_PREFIX = "acceptance/"      # the metric line's keys (host/parse/speculators.py reads k=v lines)
+
+
+def summarize(prefix_correct: list[float], starts: int, k: int) -> dict:
+    """Rate and mean length from the per-position prefix accuracies a_0..a_{k-1} (pure)."""
+    if k < 1:
+        raise ValueError(f"k={k}: the number of speculative tokens must be >= 1")
+    per_pos = [prefix_correct[s] / starts if starts else 0.0 for s in range(k)]
+    accepted = sum(per_pos)
+    return {"k": k, "starts": starts, "per_position": per_pos, "acceptance_rate": accepted / k,
+            "mean_acceptance_length": 1.0 + accepted}
+
+
+def held_out_indices(num_rows: int, train_data_ratio: float) -> range:
+    """The prepared rows speculators keeps for validation (its ArrowDataset split, same expression)."""
+    split = int(num_rows * train_data_ratio)
+    return range(split, num_rows)
+
+
+def verifier_next_tokens(last_hidden, norm, lm_head_weight):
+    """The verifier's greedy next token at every position: argmax(lm_head(norm(h))) over the full vocab."""
+    import torch
+
+    with torch.no_grad():
+        logits = torch.nn.functional.linear(norm(last_hidden).to(lm_head_weight.dtype), lm_head_weight)
+    return logits.argmax(dim=-1)
+
+
+def prefix_correct_counts(draft_target_ids: list, verifier_next, loss_mask) -> tuple[list[float], int]:
+    """Sum over start positions of 'steps 0..s all right', and the number of starts (pure tensors).
+
+    draft_target_ids[s][t]: the token drafted at step s from start t (in the verifier's vocab);
+    verifier_next[u]: the verifier's argmax at u; loss_mask[u]: u is a supervised position. A start
+    t counts when t..t+k-1 are all supervised (the k tokens it drafts are ones the verifier made)."""
+    import torch
+
+    k = len(draft_target_ids)
+    n = verifier_next.shape[-1] - (k - 1)
+    if n <= 0:
+        return [0.0] * k, 0
+    mask = loss_mask.bool()
+    valid = torch.ones(n, dtype=torch.bool)
+    for s in range(k):
+        valid &= mask[s:s + n]
+    ok = valid.clone()
+    sums = []
+    for s in range(k):
+        ok &= draft_target_ids[s][:n] == verifier_next[s:s + n]
+        sums.append(float(ok.sum()))
+    return sums, int(valid.sum())
+
+
+def draft_k(drafter, sample: dict, k: int) -> list:
+    """The drafter's k teacher-forced steps over one sample, mapped to verifier token ids."""
+    import torch
+
+    device = next(drafter.parameters()).device
+    dtype = next(drafter.parameters()).dtype
+    seq = sample["input_ids"].shape[0]
+    with torch.no_grad():
+        drafts = drafter(hidden_states=sample["hidden_states"].unsqueeze(0).to(device, dtype),
+                         input_ids=sample["input_ids"].unsqueeze(0).to(device),
+                         document_ids=torch.zeros(1, seq, dtype=torch.long, device=device),
+                         position_ids=sample["position_ids"].unsqueeze(0).to(device), ttt_steps=k)
+    d2t = getattr(drafter, "d2t", None)
+    out = []
+    for d in drafts:
+        d = d[0].cpu()
+        out.append(d + d2t.cpu()[d] if d2t is not None else d)  # speculators' d2t holds offsets
+    return out
+
+
+def held_out_samples(data: Path, hidden_states: Path, train_data_ratio: float, max_samples: int | None):
+    """(index, sample) for the held-out rows, read and aligned as speculators' trainer does
+    (shift_batch: token x_{i+1} with the verifier's hidden state at i, target from i+1)."""
+    from hs_connectors import FileTransfer
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.train.data import ArrowDataset
+
+    ds = ArrowDataset(max_len=1 << 30, datapath=str(data), transfer=FileTransfer(Path(hidden_states)),
+                      on_missing="raise", train_ratio=train_data_ratio, split="val")
+    n = len(ds) if max_samples is None else min(len(ds), max_samples)
+    for i in range(n):
+        yield ds.start_file_idx + i, shift_batch(ds[i])
+
+
+def verifier_lm_head(verifier: Path, device):
+    """The verifier's full output projection (its embeddings when they are tied), float32."""
+    import torch
+    from speculators.utils.loading import load_model_layers
+
+    weights = load_model_layers(["embed_tokens.weight", "lm_head.weight"], str(verifier))
+    return weights.get("lm_head.weight", weights["embed_tokens.weight"]).to(device, torch.float32)
+
+
+def estimate(drafter, lm_head, samples, k: int) -> dict:
+    """The acceptance summary of `drafter` over (index, sample) pairs (its mode is restored after)."""
+    device = next(drafter.parameters()).device
+    norm = drafter.verifier_norm
+    was_training = drafter.training
+    drafter.eval()
+    sums, starts, used = [0.0] * k, 0, []
+    try:
+        for idx, sample in samples:
+            drafts = draft_k(drafter, sample, k)
+            last = sample["verifier_last_hidden_states"].to(device, norm.weight.dtype)
+            nxt = verifier_next_tokens(last, norm, lm_head).cpu()
+            s, n = prefix_correct_counts(drafts, nxt, sample["loss_mask"])
+            sums = [a + b for a, b in zip(sums, s)]
+            starts += n
+            used.append(idx)
+    finally:
+        drafter.train(was_training)
+    return {**summarize(sums, starts, k), "samples": len(used), "held_out": used}
+
+
+def record(out_dir: Path, doc: dict) -> dict:
+    """Append one estimate to <out>/acceptance.jsonl (flushed: the tailer and page read it live)."""
+    doc = {"at": time.time(), **doc}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / FILE_NAME, "a") as f:
+        f.write(json.dumps(doc) + "\n")
+        f.flush()
+    return doc
+
+
+def log_line(doc: dict) -> str:
+    """`acceptance/rate=0.4123, acceptance/mean_length=2.237, acceptance/pos_0=..., global_step=N` (a metric line)."""
+    parts = [f"{LOG_PREFIX}rate={doc['acceptance_rate']:.4f}", f"{LOG_PREFIX}mean_length={doc['mean_acceptance_length']:.4f}"]
+    parts += [f"{LOG_PREFIX}pos_{i}={p:.4f}" for i, p in enumerate(doc["per_position"])]
+    if doc.get("epoch") is not None:
+        parts.append(f"epoch={doc['epoch']}")
+    if doc.get("global_step") is not None:
+        parts.append(f"global_step={doc['global_step']}")
+    return ", ".join(parts)
+
+
+def read(out_dir: Path) -> list[dict]:
+    """The estimates written so far (a torn last line is skipped: it is still being written)."""
+    path = Path(out_dir) / FILE_NAME
+    if not path.is_file():
+        return []
+    docs = []
+    for line in path.read_text().splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and isinstance(d.get("acceptance_rate"), (int, float)):
+            docs.append(d)
+    return docs
+
+
+def load_checkpoint(checkpoint: Path, device: str = "cpu"):
+    """A saved drafter, its verifier-owned weights (embeddings, norm) loaded as serving would."""
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    cfg_path = checkpoint / "config.json"
+    if not cfg_path.is_file():
+        raise click.ClickException(f"{checkpoint}: no config.json; point --checkpoint at an epoch directory "
+                                   "(<train out>/<epoch>/) with config.json and model.safetensors")
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+
+    # sdpa everywhere: flex attention's block masks want the trainer's padded lengths, and a
+    # dense mask over a few held-out rows is cheap.
+    cfg = Eagle3SpeculatorConfig.from_pretrained(str(checkpoint))
+    cfg.transformer_layer_config._attn_implementation = "sdpa"
+    drafter = Eagle3DraftModel.from_pretrained(str(checkpoint), config=cfg)
+    drafter.load_verifier_weights()
+    return drafter.float().to(device)
+
+
+def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_states: Path, k: int,
+                         train_data_ratio: float, max_samples: int, echo) -> None:
+    """After each checkpoint speculators' Trainer saves, estimate it (rank 0) and record the result.
+
+    The checkpoint is read back from disk, as serving will read it. A failed estimate is reported
+    and training goes on: the estimate is advice, the checkpoint is the product."""
+    import os
+    import speculators.train.trainer as trainer
+
+    original = trainer.Trainer.maybe_save_checkpoint
+    state: dict = {"lm_head": None, "seen": {}}
+
+    def save_then_estimate(self, epoch, local_step: int = 0):
+        original(self, epoch, local_step=local_step)
+        if not isinstance(epoch, int) or int(os.environ.get("RANK", "0")) != 0:
+            return
+        ckpt = Path(self.checkpointer.path) / str(epoch)
+        weights = ckpt / "model.safetensors"
+        if not weights.is_file() or state["seen"].get(epoch) == weights.stat().st_mtime_ns:
+            return  # nothing new was saved (save_best, or a freq that skips this epoch)
+        state["seen"][epoch] = weights.stat().st_mtime_ns
+        t0 = time.monotonic()
+        try:
+            device = next(self.model.parameters()).device
+            if state["lm_head"] is None:
+                state["lm_head"] = verifier_lm_head(verifier, device)
+            drafter = load_checkpoint(ckpt, "cpu" if device.type == "cpu" else str(device))
+            samples = held_out_samples(data, hidden_states, train_data_ratio, max_samples)
+            doc = estimate(drafter, state["lm_head"], samples, k)
+            del drafter
+        except Exception as e:  # noqa: BLE001 - advice only: training goes on
+            echo(f"acceptance: estimate of {ckpt} failed ({type(e).__name__}: {e}); training goes on")
+            return
+        doc = record(out_dir, {"checkpoint": str(ckpt), "epoch": epoch, "local_step": local_step,
+                               "global_step": int(getattr(self, "global_step", 0)),
+                               "seconds": round(time.monotonic() - t0, 3), **doc})
+        echo(log_line(doc))
+        echo(f"acceptance: checkpoint {ckpt}: offline acceptance rate {doc['acceptance_rate']:.1%}, mean "
+             f"acceptance length {doc['mean_acceptance_length']:.2f} for k={k} on {doc['samples']} held-out samples")
+
+    trainer.Trainer.maybe_save_checkpoint = save_then_estimate
+
+
+@click.command()
+@click.option("--checkpoint", required=True, type=click.Path(path_type=Path), help="an epoch directory of train's out")
+@click.option("--model", required=True, type=click.Path(path_type=Path), help="the verifier")
+@click.option("--data", required=True, type=click.Path(path_type=Path), help="prepare's output")
+@click.option("--hidden-states", required=True, type=click.Path(path_type=Path), help="extract's output")
+@click.option("--k", default=3, show_default=True, help="speculative tokens per draft (num_speculative_tokens)")
+@click.option("--train-data-ratio", default=0.9, show_default=True, help="as training used it")
+@click.option("--max-samples", type=int, default=None, help="at most this many held-out rows")
+def main(checkpoint: Path, model: Path, data: Path, hidden_states: Path, k: int, train_data_ratio: float,
+         max_samples: int | None) -> None:
+    """Print the offline acceptance estimate of one checkpoint as JSON."""
+    drafter = load_checkpoint(checkpoint)
+    doc = estimate(drafter, verifier_lm_head(model, "cpu"), held_out_samples(data, hidden_states, train_data_ratio, max_samples), k)
+    click.echo(json.dumps({"checkpoint": str(checkpoint), **doc}))
+
+
+if __name__ == "__main__":
+    main()
