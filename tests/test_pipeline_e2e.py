@@ -39,6 +39,7 @@ class Lab:
         prof["vars"].update({"data": str(self.data), "synth_limit": str(SAMPLES), "epochs": "3",
                              "extract_concurrency": "1", "port_target": "8210", "port_extract": "8211",
                              "port_eval": "8212", "eval_limit": "4", "eval_max_tokens": "32"})
+        assert prof["vars"]["eval_concurrency"] == "1 4" and prof["vars"]["eval_repeats"] == "2"  # the demo's sweep
         (self.conf / "profiles" / "e2e.yaml").write_text(yaml.safe_dump(prof))
         self.transcript: list[str] = []
 
@@ -140,6 +141,8 @@ def test_synth_resumed_only_the_missing_conversations(run):
     assert f"{SAMPLES - 40} conversations ({SAMPLES - 40} ok, 0 errors" in f["synth_resume"]
     man = json.loads((lab.data / "synth" / "manifest.json").read_text())
     assert man["counts"]["done"] == SAMPLES and man["counts"]["errors"] == 0
+    assert man["counts"]["cut_in_reasoning"] == 0  # the tiny model does not think
+    assert "synth: probe of 3 prompt(s) ok" in f["synth_resume"]  # before the long run, every run
 
 
 def test_hidden_states_files_are_valid_and_of_expected_shapes(run):
@@ -232,6 +235,35 @@ def test_vllm_serves_the_drafter_and_measures_acceptance(run):
     assert "eval summary: acceptance_rate=" in f["eval"]
     if rep["verdict"] == "SLOWER":
         assert "VERDICT: SLOWER" in f["eval"]
+
+
+def test_eval_is_a_sweep_measured_by_vllms_benchmark_with_the_verdict_named(run):
+    lab, f = run
+    rep = json.loads((lab.data / "eval" / "report.json").read_text())
+    cells = {(c["sampling"], c["concurrency"]): c for c in rep["sweep"]}
+    assert set(cells) == {("greedy", 1), ("greedy", 4), ("sampled", 1), ("sampled", 4)}  # the demo's sweep
+    assert rep["decided_at"] == {"concurrency": 4, "sampling": "greedy"}
+    decided = cells[("greedy", 4)]
+    assert rep["speedup"] == decided["comparison"]["speedup"] and rep["verdict"] == decided["comparison"]["verdict"]
+    for (sampling, conc), c in cells.items():
+        for side in ("baseline", "spec"):
+            fig = c[side]
+            assert fig["repeats"] == 2 and fig["requests"] == 4 and fig["output_tokens"] == 4 * 32  # ignore_eos
+            assert fig["tokens_per_s"]["min"] <= fig["tokens_per_s"]["mean"] <= fig["tokens_per_s"]["max"]
+            assert fig["tpot_ms_median"]["mean"] > 0 and fig["itl_ms_median"]["mean"] > 0
+        spec = c["spec"]
+        assert spec["draft_tokens"] == 3 * spec["drafts"] > 0 and len(spec["per_position_acceptance"]) == 3
+        cmp_ = c["comparison"]
+        assert cmp_["speedup_min"] <= cmp_["speedup"] <= cmp_["speedup_max"]
+        assert cmp_["speedup"] == pytest.approx(spec["tokens_per_s"]["mean"] / c["baseline"]["tokens_per_s"]["mean"])
+        # greedy: outputs compared (the completion text: reasoning included); sampled: not comparable
+        assert (cmp_["same_output_as_baseline"] is None) == (sampling == "sampled")
+    assert "eval sweep (4 requests x 32 tokens per cell, 2 repeat(s)" in f["eval"]
+    assert "concurrency=4 sampling=greedy" in f["eval"] and "decided at concurrency 4 (greedy)" in f["eval"]
+    logs = sorted(p.name for p in (lab.data / "eval" / "bench-logs").glob("spec-*.log"))
+    assert len(logs) == 8 and "Serving Benchmark Result" in (lab.data / "eval" / "bench-logs" / logs[0]).read_text()
+    man = json.loads((lab.data / "eval" / "manifest.json").read_text())
+    assert man["extra"]["decided_at"] == "concurrency 4, greedy" and len(man["extra"]["sweep"]) == 4
 
 
 def test_second_pipeline_run_redoes_nothing(run):

@@ -1,18 +1,23 @@
-"""Does the drafter pay? The same prompts through the target alone and through target + drafter.
+"""Does the drafter pay? The same load through the target alone and through target + drafter.
 
 Two runs of this stage, against two servers (on a GPU host they cannot both be up: each takes all
 the GPUs, so the pipeline runs them one after the other):
 
-  --mode baseline   against `serve --mode plain`: output tokens/s without speculation
-  --mode spec       against `serve --mode eval`: tokens/s with speculation, and vLLM's own
-                    spec_decode counters from /metrics (read before and after, so only these
-                    requests count): acceptance rate = accepted / draft tokens, mean acceptance
-                    length = 1 + accepted / drafts, per-position acceptance = accepted at
-                    position i / drafts. With the baseline's report: the speedup and a verdict,
-                    LOUD when the drafter makes serving slower (the seeds' drafter at 15%
+  --mode baseline   against `serve --mode plain`: the sweep without speculation (baseline.json)
+  --mode spec       against `serve --mode eval`: the same sweep with speculation, vLLM's own
+                    spec_decode counters per cell: acceptance rate = accepted / draft tokens, mean
+                    acceptance length = 1 + accepted / drafts, per-position acceptance = accepted
+                    at position i / drafts. With the baseline's cells: speedups, a table, and a
+                    verdict, LOUD when the drafter makes serving slower (the seeds' drafter at 15%
                     acceptance did).
 
-Requests are greedy with ignore_eos, so both runs generate the same number of tokens per prompt.
+The sweep: every concurrency of --concurrency ("1 4 16 64"), greedy and (when --temperature > 0)
+sampled, each cell --repeats times, measured by vLLM's serving benchmark (eval_bench.py): output
+tokens/s, time per output token, inter-token latency, mean [min-max] over the repeats. Requests use
+ignore_eos, so both servers generate the same number of tokens per prompt. The verdict is decided
+on the greedy cell at --decide-at (default: the largest concurrency, the load a server is sized
+for) and says so; each cell has its own verdict in the table. Greedy outputs are compared with the
+baseline's, reasoning included.
 
     python -m eaglelab.stages.eval --mode spec --endpoint http://127.0.0.1:8102 --model data/demo/model \
         --prompts data/demo/eval_prompts.jsonl --baseline data/demo/eval/baseline.json --out data/demo/eval
@@ -20,8 +25,7 @@ Requests are greedy with ignore_eos, so both runs generate the same number of to
 
 from __future__ import annotations
 
-import concurrent.futures
-import time
+import statistics
 from pathlib import Path
 
 import click
@@ -30,7 +34,7 @@ import requests
 from .. import manifest
 from ..errors import StageError
 from ..fsutil import atomic_write_json, read_json
-from . import common
+from . import common, eval_bench
 
 SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens": "accepted"}
@@ -68,62 +72,118 @@ def spec_stats(before: dict, after: dict) -> dict:
             "per_position_acceptance": per_pos}
 
 
-def verdict(speedup: float | None, stats: dict | None) -> tuple[str, list[str]]:
-    """('PAYS'|'NEUTRAL'|'SLOWER'|'LOW_ACCEPTANCE', reasons) from the figures (pure)."""
+def verdict(speedup: float | None, stats: dict | None,
+            spread: tuple[float, float] | None = None) -> tuple[str, list[str]]:
+    """('PAYS'|'NEUTRAL'|'SLOWER'|'LOW_ACCEPTANCE', reasons) from the figures (pure). `spread`: the
+    lowest and highest speedup the repeats allow; a speedup whose spread reaches 1.0 is noise."""
     reasons = []
     if stats is not None:
         if stats["mean_acceptance_length"] < 1.5:
             reasons.append(f"mean acceptance length {stats['mean_acceptance_length']:.2f} < 1.5")
         if stats["acceptance_rate"] < 0.3:
             reasons.append(f"acceptance rate {stats['acceptance_rate']:.1%} < 30%")
-    if speedup is not None and speedup < 0.97:
+    noise = spread is not None and spread[0] <= 1.0 <= spread[1]
+    if speedup is not None and speedup < 0.97 and not noise:
         return "SLOWER", [f"speculative serving is {speedup:.2f}x the baseline's speed", *reasons]
     if reasons:
         return "LOW_ACCEPTANCE", reasons
-    if speedup is not None and speedup < 1.03:
-        return "NEUTRAL", [f"speedup {speedup:.2f}x is within noise"]
+    if speedup is not None and (speedup < 1.03 or noise):
+        why = f" (repeats span {spread[0]:.2f}-{spread[1]:.2f}x)" if noise else ""
+        return "NEUTRAL", [f"speedup {speedup:.2f}x is within noise{why}"]
     return "PAYS", [f"speedup {speedup:.2f}x" if speedup is not None else "no baseline"]
 
 
-def chat(endpoint: str, model: str, messages: list, max_tokens: int, timeout: float) -> dict:
-    payload = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-               "ignore_eos": True}
-    t0 = time.perf_counter()
-    r = requests.post(f"{endpoint}/v1/chat/completions", json=payload, timeout=timeout)
-    if not r.ok:
-        raise StageError(f"{endpoint}/v1/chat/completions: HTTP {r.status_code}: {r.text[:300]}")
-    data = r.json()
-    return {"seconds": time.perf_counter() - t0, "completion_tokens": data["usage"]["completion_tokens"],
-            "text": data["choices"][0]["message"].get("content") or ""}
+def parse_concurrency(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        levels = []
+    if not levels or any(c < 1 for c in levels):
+        raise StageError(f"--concurrency {text!r}: expected positive integers, e.g. '1 4 16 64' "
+                         "(profile var eval_concurrency)")
+    return sorted(set(levels))
 
 
-def metrics_text(endpoint: str) -> str:
-    r = requests.get(f"{endpoint}/metrics", timeout=30)
-    r.raise_for_status()
-    return r.text
+def sweep_plan(levels: list[int], temperature: float, top_p: float) -> list[tuple[str, int, dict]]:
+    """(sampling name, concurrency, sampling params) per cell, greedy first (pure)."""
+    modes = [("greedy", {"temperature": 0.0})]
+    if temperature > 0:
+        modes.append(("sampled", {"temperature": temperature, "top_p": top_p}))
+    return [(name, c, params) for name, params in modes for c in levels]
 
 
-def measure(endpoint: str, model: str, prompts: list[dict], max_tokens: int, concurrency: int,
-            timeout: float) -> dict:
-    from tqdm import tqdm
+def spread(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "n": len(values)}
 
-    chat(endpoint, model, prompts[0]["messages"], 8, timeout)  # warm-up, not counted
-    results: list[dict | None] = [None] * len(prompts)
-    t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool, \
-            tqdm(total=len(prompts), desc="Evaluating", unit="req", dynamic_ncols=True) as bar:
-        futs = {pool.submit(chat, endpoint, model, p["messages"], max_tokens, timeout): i for i, p in enumerate(prompts)}
-        for f in concurrent.futures.as_completed(futs):
-            results[futs[f]] = f.result()
-            done = [r for r in results if r]
-            el = time.perf_counter() - t0
-            bar.set_postfix({"tps": f"{sum(r['completion_tokens'] for r in done) / el:.1f}"}, refresh=False)
-            bar.update(1)
-    wall = time.perf_counter() - t0
-    tokens = sum(r["completion_tokens"] for r in results)
-    return {"requests": len(prompts), "completion_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "mean_latency_s": sum(r["seconds"] for r in results) / len(results),
-            "texts": [r["text"] for r in results]}
+
+def aggregate(runs: list[dict]) -> dict:
+    """One cell's repeats: tokens/s, TPOT, ITL, TTFT as mean/min/max; spec counters summed (pure)."""
+    cell = {"repeats": len(runs), "requests": runs[0]["completed"], "output_tokens": runs[0]["output_tokens"]}
+    for key in ("tokens_per_s", "tpot_ms_median", "tpot_ms_p99", "itl_ms_median", "itl_ms_p99", "ttft_ms_median"):
+        cell[key] = spread([r[key] for r in runs])
+    if all("drafts" in r for r in runs):
+        drafts = sum(r["drafts"] for r in runs)
+        accepted = sum(r["accepted_tokens"] for r in runs)
+        draft_tokens = sum(r["draft_tokens"] for r in runs)
+        width = max(len(r["per_position"]) for r in runs)
+        per_pos = [sum(r["per_position"][i] * r["drafts"] for r in runs if i < len(r["per_position"])) / drafts
+                   if drafts else 0.0 for i in range(width)]
+        cell.update({"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+                     "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+                     "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+                     "per_position_acceptance": per_pos})
+    cell["texts"] = runs[0]["texts"]
+    return cell
+
+
+def compare(base: dict, spec: dict, sampling: str) -> dict:
+    """A spec cell against the baseline cell of the same load: speedup with its spread, verdict (pure)."""
+    b, s = base["tokens_per_s"], spec["tokens_per_s"]
+    speedup = s["mean"] / b["mean"]
+    lo, hi = s["min"] / b["max"], s["max"] / b["min"]
+    stats = {k: spec[k] for k in ("acceptance_rate", "mean_acceptance_length")} if "drafts" in spec else None
+    v, reasons = verdict(speedup, stats, (lo, hi) if spec["repeats"] > 1 and base["repeats"] > 1 else None)
+    same = sum(a == c for a, c in zip(spec["texts"], base["texts"])) if sampling == "greedy" else None
+    return {"speedup": speedup, "speedup_min": lo, "speedup_max": hi, "verdict": v, "reasons": reasons,
+            "same_output_as_baseline": same,
+            "tpot_ratio": spec["tpot_ms_median"]["mean"] / base["tpot_ms_median"]["mean"]}
+
+
+def run_sweep(endpoint: str, model: str, dataset: Path, requests: int, plan, repeats: int, max_tokens: int,
+              logs: Path, trust_remote_code: bool, label: str) -> list[dict]:
+    cells = []
+    for sampling, conc, params in plan:
+        runs = []
+        for rep in range(repeats):
+            argv = eval_bench.bench_argv(endpoint, model, dataset, requests, conc, max_tokens, params,
+                                         trust_remote_code)
+            runs.append(eval_bench.run_cell(argv, logs / f"{label}-{sampling}-c{conc}-r{rep}.log"))
+            click.echo(f"eval {label}: {sampling} concurrency {conc} run {rep + 1}/{repeats}: "
+                       f"{runs[-1]['tokens_per_s']:.1f} tokens/s, TPOT {runs[-1]['tpot_ms_median']:.1f} ms")
+        cells.append({"sampling": sampling, "concurrency": conc, "params": params, **aggregate(runs)})
+    return cells
+
+
+def table(rows: list[dict]) -> str:
+    """The sweep table printed at the end of eval (pure)."""
+    def mm(d: dict, fmt: str) -> str:
+        return f"{d['mean']:{fmt}} [{d['min']:{fmt}}-{d['max']:{fmt}}]"
+    head = (f"{'sampling':<8} {'conc':>4}  {'tok/s base':>22}  {'tok/s spec':>22}  {'speedup':>16}  "
+            f"{'TPOT ms b/s':>13}  {'ITL ms b/s':>13}  {'accept':>6}  {'MAL':>4}  {'per position':<18} "
+            f"{'same':>5}  verdict")
+    out = [head]
+    for r in rows:
+        b, s, c = r["baseline"], r["spec"], r["comparison"]
+        pos = ",".join(f"{p:.2f}" for p in s.get("per_position_acceptance", []))
+        same = "-" if c["same_output_as_baseline"] is None else f"{c['same_output_as_baseline']}/{s['requests']}"
+        out.append(f"{r['sampling']:<8} {r['concurrency']:>4}  {mm(b['tokens_per_s'], '.1f'):>22}  "
+                   f"{mm(s['tokens_per_s'], '.1f'):>22}  "
+                   f"{c['speedup']:>5.2f}x [{c['speedup_min']:.2f}-{c['speedup_max']:.2f}]  "
+                   f"{b['tpot_ms_median']['mean']:>6.1f}/{s['tpot_ms_median']['mean']:<6.1f}  "
+                   f"{b['itl_ms_median']['mean']:>6.1f}/{s['itl_ms_median']['mean']:<6.1f}  "
+                   f"{s.get('acceptance_rate', 0):>6.1%}  {s.get('mean_acceptance_length', 1):>4.2f}  {pos:<18} "
+                   f"{same:>5}  {c['verdict']}")
+    return "\n".join(out)
 
 
 def load_prompts(path: Path, limit: int | None) -> list[dict]:
@@ -155,27 +215,51 @@ def check_served(endpoint: str, model: str) -> None:
               help="spec: the baseline run's baseline.json (default: <out>/baseline.json)")
 @click.option("--drafter", type=click.Path(path_type=Path), default=None, help="spec: recorded in the report")
 @click.option("--max-tokens", default=64, show_default=True)
-@click.option("--concurrency", default=1, show_default=True)
+@click.option("--concurrency", "concurrency_text", default="1", show_default=True,
+              help="the sweep's concurrency levels, e.g. '1 4 16 64'")
+@click.option("--repeats", default=2, show_default=True, help="runs per cell (the spread)")
+@click.option("--temperature", default=0.0, show_default=True, help="> 0: also a sampled sweep at this temperature")
+@click.option("--top-p", default=1.0, show_default=True)
+@click.option("--decide-at", type=int, default=None, help="the concurrency the verdict is decided at (default: the largest)")
 @click.option("--limit", type=int, default=None)
-@click.option("--timeout", default=600.0, show_default=True)
+@click.option("--trust-remote-code/--no-trust-remote-code", default=False)
 @click.option("--fail-if-slower", is_flag=True, help="exit non-zero when the drafter makes serving slower")
 def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, baseline_file: Path | None,
-         drafter: Path | None, max_tokens: int, concurrency: int, limit: int | None, timeout: float,
+         drafter: Path | None, max_tokens: int, concurrency_text: str, repeats: int, temperature: float,
+         top_p: float, decide_at: int | None, limit: int | None, trust_remote_code: bool,
          fail_if_slower: bool) -> None:
-    """Measure serving with and without the drafter; report acceptance and speedup."""
+    """Measure serving with and without the drafter over a concurrency sweep; report and verdict."""
     endpoint = endpoint.rstrip("/")
+    levels = parse_concurrency(concurrency_text)
+    if repeats < 1:
+        raise StageError(f"--repeats {repeats}: at least 1 (profile var eval_repeats)")
+    decide_at = levels[-1] if decide_at is None else decide_at
+    if decide_at not in levels:
+        raise StageError(f"--decide-at {decide_at}: not one of the sweep's concurrency levels {levels} "
+                         "(profile vars eval_decide_at, eval_concurrency)")
     rows = load_prompts(prompts, limit)
     check_served(endpoint, model)
     out_dir.mkdir(parents=True, exist_ok=True)
+    plan = sweep_plan(levels, temperature, top_p)
     settings = {"prompts_sha256": manifest.sha256_file(prompts), "limit": limit, "max_tokens": max_tokens,
-                "concurrency": concurrency}
+                "concurrency": levels, "repeats": repeats, "sampled": [p for n, _, p in plan if n == "sampled"][:1]}
+    if len(rows) < 2 * levels[-1]:
+        click.echo(f"eval: note: {len(rows)} prompts for concurrency up to {levels[-1]}: the top cells run one "
+                   "short wave each (give eval_limit >= 2x the largest concurrency for a steady state)")
+    dataset = out_dir / f"bench-{mode}.jsonl"
+    eval_bench.render_prompts(rows, model, max_tokens, dataset, trust_remote_code)
+    cells = run_sweep(endpoint, model, dataset, len(rows), plan, repeats, max_tokens, out_dir / "bench-logs",
+                      trust_remote_code, mode)
 
     if mode == "baseline":
-        run = measure(endpoint, model, rows, max_tokens, concurrency, timeout)
-        doc = {"schema": 1, "mode": "baseline", "settings": settings, **run}
+        first = next(c for c in cells if c["sampling"] == "greedy" and c["concurrency"] == decide_at)
+        doc = {"schema": 2, "mode": "baseline", "settings": settings, "cells": cells,
+               "tokens_per_s": first["tokens_per_s"]["mean"], "requests": len(rows)}
         atomic_write_json(out_dir / "baseline.json", doc)
-        click.echo(f"eval baseline: {run['completion_tokens']} tokens in {run['wall_s']:.1f}s = "
-                   f"{run['tokens_per_s']:.1f} tokens/s without speculation")
+        for c in cells:
+            click.echo(f"eval baseline: {c['sampling']} concurrency {c['concurrency']}: "
+                       f"{c['tokens_per_s']['mean']:.1f} tokens/s [{c['tokens_per_s']['min']:.1f}-"
+                       f"{c['tokens_per_s']['max']:.1f}] without speculation")
         return
 
     baseline_file = baseline_file or out_dir / "baseline.json"
@@ -183,28 +267,50 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
     if base is None:
         raise StageError(f"{baseline_file}: no baseline; run the baseline first (lab run eval_baseline)")
     if base.get("settings") != settings:
-        raise StageError(f"{baseline_file}: measured with {base.get('settings')}, not {settings}; rerun the baseline")
-    before = parse_spec_metrics(metrics_text(endpoint))
-    run = measure(endpoint, model, rows, max_tokens, concurrency, timeout)
-    stats = spec_stats(before, parse_spec_metrics(metrics_text(endpoint)))
-    if stats["drafts"] == 0:
-        raise StageError(f"{endpoint}/metrics: no spec_decode drafts counted; is this server running with "
-                         "the drafter (serve --mode eval)?")
-    speedup = run["tokens_per_s"] / base["tokens_per_s"]
-    same = sum(a == b for a, b in zip(run["texts"], base["texts"]))
-    v, reasons = verdict(speedup, stats)
-    report = {"schema": 1, "settings": settings, "drafter": str(drafter) if drafter else None,
-              "baseline_tokens_per_s": base["tokens_per_s"], "spec_tokens_per_s": run["tokens_per_s"],
-              "speedup": speedup, **stats, "same_output_as_baseline": same, "requests": len(rows),
-              "verdict": v, "reasons": reasons}
+        raise StageError(f"{baseline_file}: measured with {base.get('settings')}, not {settings}; rerun the baseline "
+                         "(lab run eval_baseline --force)")
+    base_cells = {(c["sampling"], c["concurrency"]): c for c in base["cells"]}
+    sweep = []
+    for c in cells:
+        if "drafts" not in c or c["drafts"] == 0:
+            raise StageError(f"{endpoint}/metrics: no spec_decode drafts counted; is this server running with "
+                             "the drafter (serve --mode eval)?")
+        b = base_cells[(c["sampling"], c["concurrency"])]
+        sweep.append({"sampling": c["sampling"], "concurrency": c["concurrency"], "baseline": b, "spec": c,
+                      "comparison": compare(b, c, c["sampling"])})
+    decided = next(r for r in sweep if r["sampling"] == "greedy" and r["concurrency"] == decide_at)
+    d, cmp_ = decided["spec"], decided["comparison"]
+    v, reasons = cmp_["verdict"], cmp_["reasons"]
+    speedup = cmp_["speedup"]
+    pays_up_to = [r["concurrency"] for r in sweep if r["sampling"] == "greedy" and r["comparison"]["verdict"] == "PAYS"]
+    for r in sweep:  # the report keeps figures, not every generated text
+        r["baseline"] = {k: val for k, val in r["baseline"].items() if k != "texts"}
+        r["spec"] = {k: val for k, val in r["spec"].items() if k != "texts"}
+    report = {"schema": 2, "settings": settings, "drafter": str(drafter) if drafter else None,
+              "decided_at": {"concurrency": decide_at, "sampling": "greedy"},
+              "baseline_tokens_per_s": decided["baseline"]["tokens_per_s"]["mean"],
+              "spec_tokens_per_s": d["tokens_per_s"]["mean"], "speedup": speedup,
+              "speedup_min": cmp_["speedup_min"], "speedup_max": cmp_["speedup_max"],
+              **{k: d[k] for k in ("drafts", "draft_tokens", "accepted_tokens", "acceptance_rate",
+                                   "mean_acceptance_length", "per_position_acceptance")},
+              "same_output_as_baseline": cmp_["same_output_as_baseline"], "requests": len(rows),
+              "verdict": v, "reasons": reasons, "pays_at_concurrency": pays_up_to, "sweep": sweep}
     atomic_write_json(out_dir / "report.json", report)
-    pos = ", ".join(f"{p:.2f}" for p in stats["per_position_acceptance"])
-    click.echo(f"eval: acceptance rate {stats['acceptance_rate']:.1%}, mean acceptance length "
-               f"{stats['mean_acceptance_length']:.2f}, per position [{pos}] ({stats['drafts']} drafts)")
-    click.echo(f"eval: {run['tokens_per_s']:.1f} tokens/s with the drafter vs {base['tokens_per_s']:.1f} without: "
-               f"speedup {speedup:.2f}x; {same}/{len(rows)} outputs identical to the baseline's")
-    click.echo(f"eval summary: acceptance_rate={stats['acceptance_rate']:.4f} "
-               f"mean_acceptance_length={stats['mean_acceptance_length']:.3f} speedup={speedup:.3f} verdict={v}")
+    click.echo(f"eval sweep ({len(rows)} requests x {max_tokens} tokens per cell, {repeats} repeat(s); "
+               "mean [min-max]; TPOT/ITL medians in ms, baseline/spec; same = greedy outputs identical to the "
+               "baseline's, reasoning included):")
+    click.echo(table(sweep))
+    pos = ", ".join(f"{p:.2f}" for p in d["per_position_acceptance"])
+    click.echo(f"eval: at concurrency {decide_at} (greedy): acceptance rate {d['acceptance_rate']:.1%}, mean "
+               f"acceptance length {d['mean_acceptance_length']:.2f}, per position [{pos}] ({d['drafts']} drafts)")
+    click.echo(f"eval: {d['tokens_per_s']['mean']:.1f} tokens/s with the drafter vs "
+               f"{decided['baseline']['tokens_per_s']['mean']:.1f} without: speedup {speedup:.2f}x "
+               f"[{cmp_['speedup_min']:.2f}-{cmp_['speedup_max']:.2f}]; {cmp_['same_output_as_baseline']}/{len(rows)} "
+               "outputs identical to the baseline's")
+    click.echo(f"eval summary: acceptance_rate={d['acceptance_rate']:.4f} "
+               f"mean_acceptance_length={d['mean_acceptance_length']:.3f} speedup={speedup:.3f} verdict={v} "
+               f"concurrency={decide_at} sampling=greedy")
+    reasons = [f"decided at concurrency {decide_at} (greedy)", *reasons]
     if v in ("SLOWER", "LOW_ACCEPTANCE"):
         bar = "!" * 78
         click.echo(f"{bar}\n!!! VERDICT: {v}: " + "; ".join(reasons) +
@@ -216,9 +322,13 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
         click.echo(f"eval: VERDICT {v}: " + "; ".join(reasons))
     manifest.write(out_dir, "eval", [out_dir / "report.json", baseline_file] if baseline_file.parent == out_dir
                    else [out_dir / "report.json"], params=settings,
-                   counts={"requests": len(rows), "drafts": stats["drafts"]},
-                   extra={"verdict": v, "speedup": speedup, "acceptance_rate": stats["acceptance_rate"],
-                          "mean_acceptance_length": stats["mean_acceptance_length"]})
+                   counts={"requests": len(rows), "drafts": d["drafts"], "cells": len(sweep)},
+                   extra={"verdict": v, "speedup": speedup, "acceptance_rate": d["acceptance_rate"],
+                          "mean_acceptance_length": d["mean_acceptance_length"],
+                          "decided_at": f"concurrency {decide_at}, greedy",
+                          "sweep": [{"sampling": r["sampling"], "concurrency": r["concurrency"],
+                                     "speedup": r["comparison"]["speedup"], "verdict": r["comparison"]["verdict"],
+                                     "acceptance_rate": r["spec"]["acceptance_rate"]} for r in sweep]})
     if fail_if_slower and v == "SLOWER":
         raise StageError(f"{out_dir / 'report.json'}: the drafter makes serving slower (speedup {speedup:.2f}x)")
 

@@ -7,7 +7,16 @@ produced: conversations done, errors by reason (only those not recovered by a la
 finish reasons, truncations, and for reasoning models whether the reasoning was captured (the
 seeds' first run silently stored empty reasoning on every row). Ends with one summary line:
 
-    synth summary: prompts=64 done=64 errors=0 truncated=12 finish_reasons={"length": 12, "stop": 52}
+    synth summary: prompts=64 done=64 errors=0 truncated=12 cut_in_reasoning=0 finish_reasons={"length": 12, "stop": 52}
+
+Before the long run a probe (synth_probe.py) sends the first few prompts and stops within minutes
+when the answers are empty, the reasoning is missing or the chat template is wrong.
+
+A response cut at the cap inside <think> has empty `content` under a reasoning parser, and
+speculators 0.9.0 records it as an error ("empty assistant generation"); greedy generation would
+reproduce it on every resume, and above 5% synth would fail for good. Those rows are kept instead
+(their reasoning tokens are exactly what the drafter must learn to draft), as truncated rows with
+`metadata.cut_in_reasoning`, and counted; the error budget counts real failures only.
 
     python -m eaglelab.stages.synth --endpoint http://127.0.0.1:8100 --model data/demo/model \
         --prompts data/demo/prompts.jsonl --out data/demo/synth
@@ -27,7 +36,7 @@ import requests
 from .. import manifest
 from ..errors import StageError
 from ..fsutil import atomic_write_bytes
-from . import common
+from . import common, synth_probe
 
 OUT_NAME = "responses.jsonl"
 ERR_NAME = "responses.errors.jsonl"
@@ -89,6 +98,7 @@ def summarize(rows: list[dict], errors: list[dict], prompt_ids: list[str], reaso
     s = {"prompts": len(prompt_ids), "done": len(done & set(prompt_ids)) if prompt_ids else len(done),
          "rows": len(rows), "errors": len({str(e.get('id')) for e in open_errors}),
          "error_reasons": dict(reasons), "finish_reasons": dict(finish), "truncated": finish.get("length", 0),
+         "cut_in_reasoning": sum(1 for r in rows if (r.get("metadata") or {}).get("cut_in_reasoning")),
          "completion_tokens": sum(sum(r.get("loss_mask") or []) for r in rows),
          "tokens": sum(len(r.get("input_ids") or []) for r in rows)}
     if reasoning:
@@ -96,6 +106,25 @@ def summarize(rows: list[dict], errors: list[dict], prompt_ids: list[str], reaso
         s["reasoning_rows"] = sum(1 for g in got if g)
         s["reasoning_empty"] = sum(1 for g in got if not g)
     return s
+
+
+def keep_cut_reasoning(sample_from_response):
+    """speculators' response-to-row function, except that a generation cut at the cap with no
+    `content` (all of it reasoning, split off by the reasoning parser) becomes a truncated row."""
+    def wrapped(data: dict, **kw):
+        choice = (data.get("choices") or [{}])[0]
+        msg = choice.get("message") or {}
+        cut = (not msg.get("content") and not msg.get("tool_calls") and choice.get("finish_reason") == "length"
+               and choice.get("token_ids"))
+        if not cut:
+            return sample_from_response(data, **kw)
+        reasoning = synth_probe.reasoning_text(msg)
+        stand_in = {**data, "choices": [{**choice, "message": {**msg, "content": reasoning or " "}}]}
+        sample, assistant_msg, tool_calls = sample_from_response(stand_in, **kw)
+        sample["metadata"]["cut_in_reasoning"] = True  # input_ids/loss_mask are the generated tokens as they came
+        return sample, assistant_msg, tool_calls
+    wrapped.keeps_cut_reasoning = True
+    return wrapped
 
 
 def check_rows(rows: list[dict], path: Path) -> None:
@@ -116,6 +145,10 @@ def check_rows(rows: list[dict], path: Path) -> None:
 @click.option("--concurrency", default=8, show_default=True)
 @click.option("--max-tokens", default=128, show_default=True, help="cap on prompt + response tokens")
 @click.option("--sampling-params", default='{"temperature": 0.0}', show_default=True, help="JSON merged into requests")
+@click.option("--temperature", type=float, default=None, help="sampling temperature (0: greedy); overrides --sampling-params")
+@click.option("--top-p", type=float, default=None, help="nucleus sampling; overrides --sampling-params")
+@click.option("--probe", "probe_n", default=3, show_default=True,
+              help="send this many prompts first and stop if their answers are unusable (0: no probe)")
 @click.option("--limit", type=int, default=None, help="only the first N prompts")
 @click.option("--reasoning/--no-reasoning", default=False, show_default=True,
               help="a reasoning model: fail when the reasoning was not captured")
@@ -123,8 +156,8 @@ def check_rows(rows: list[dict], path: Path) -> None:
 @click.option("--max-retries", default=3, show_default=True)
 @click.option("--trust-remote-code/--no-trust-remote-code", default=False, help="the tokenizer needs custom code (e.g. Kimi's tiktoken)")
 def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: int, max_tokens: int,
-         sampling_params: str, limit: int | None, reasoning: bool, max_error_fraction: float, max_retries: int,
-         trust_remote_code: bool) -> None:
+         sampling_params: str, temperature: float | None, top_p: float | None, probe_n: int, limit: int | None,
+         reasoning: bool, max_error_fraction: float, max_retries: int, trust_remote_code: bool) -> None:
     """Generate on-policy responses from the served target."""
     endpoint = endpoint.rstrip("/")
     try:
@@ -132,6 +165,10 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
         assert isinstance(sampling, dict)
     except (ValueError, AssertionError):
         raise StageError(f"--sampling-params {sampling_params!r}: must be a JSON object") from None
+    sampling.update({k: v for k, v in (("temperature", temperature), ("top_p", top_p)) if v is not None})
+    if sampling.get("temperature", 0) < 0 or not 0 < sampling.get("top_p", 1) <= 1:
+        raise StageError(f"synth sampling {sampling}: temperature must be >= 0 and top_p in (0, 1] "
+                         "(profile vars synth_temperature, synth_top_p)")
     rows_in = check_prompts(prompts)
     if limit is not None:
         rows_in = rows_in[:limit]
@@ -142,6 +179,9 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
         click.echo(f"synth: {out_dir} is complete ({manifest.read(out_dir)['counts']}); skipping")
         return
     check_server(endpoint, model)
+    if probe_n > 0:
+        synth_probe.probe(endpoint, model, rows_in, sampling, max_tokens, reasoning, probe_n)
+        click.echo(f"synth: probe of {min(probe_n, len(rows_in))} prompt(s) ok (sampling {json.dumps(sampling)})")
     moved = manifest.claim(out_dir, "synth", params)
     if moved:
         click.echo(f"synth: {out_dir} held responses made with other prompts or settings; moved to {moved}")
@@ -157,6 +197,8 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
             return lambda ids: tok.decode(ids, skip_special_tokens=False)
 
         regen.build_detokenizer = detokenizer
+    if not getattr(regen._sample_from_response, "keeps_cut_reasoning", False):
+        regen._sample_from_response = keep_cut_reasoning(regen._sample_from_response)
 
     # speculators' --limit counts rows queued in this run, after skipping finished ids: with a resume
     # it would go past the first N prompts. Give it exactly the first N instead.
@@ -182,7 +224,8 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
         for reason, n in sorted(s["error_reasons"].items(), key=lambda kv: -kv[1]):
             click.echo(f"  {n:5d}  {reason}")
     if s["truncated"]:
-        click.echo(f"synth: {s['truncated']} of {s['rows']} responses hit --max-tokens {max_tokens} (truncated)")
+        click.echo(f"synth: {s['truncated']} of {s['rows']} responses hit --max-tokens {max_tokens} (truncated), "
+                   f"{s['cut_in_reasoning']} of them inside the reasoning (kept: their reasoning is supervised)")
     if reasoning and s["rows"] and s["reasoning_empty"] > s["rows"] // 2:
         raise StageError(f"{out_path}: reasoning is empty in {s['reasoning_empty']} of {s['rows']} rows: the "
                          "server did not return the reasoning (check the reasoning parser / chat template's "
@@ -193,8 +236,8 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
                          "fix the cause above and run again: finished ids are kept (resume)")
     files = [p for p in (out_path, err_path) if p.exists()]
     doc = manifest.write(out_dir, "synth", files, params=params,
-                         counts={k: s[k] for k in ("prompts", "done", "rows", "errors", "truncated", "tokens",
-                                                   "completion_tokens")},
+                         counts={k: s[k] for k in ("prompts", "done", "rows", "errors", "truncated", "cut_in_reasoning",
+                                                   "tokens", "completion_tokens")},
                          extra={"finish_reasons": s["finish_reasons"], "seconds": round(time.monotonic() - t0, 1)})
     click.echo(f"synth: done, {s['rows']} rows in {out_path} (manifest {doc['fingerprint']})")
 

