@@ -14,7 +14,7 @@ import pytest
 
 from eaglelab import config, manifest
 from eaglelab.errors import StageError
-from eaglelab.stages import common, eval as eval_stage, serve, synth, train, vocab
+from eaglelab.stages import common, eval as eval_stage, eval_bench, serve, synth, synth_probe, train, vocab
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -179,6 +179,59 @@ def test_synth_summary_counts_recovered_errors_and_reasoning():
         synth.check_rows([{"id": "x", "input_ids": [1], "loss_mask": [0]}], Path("r.jsonl"))
 
 
+def vllm_chat_response(content, reasoning, finish="length", tokens=(7, 8, 9)):
+    """The shape of vLLM 0.32's /v1/chat/completions answer with return_token_ids."""
+    return {"prompt_token_ids": [1, 2, 3], "usage": {"completion_tokens": len(tokens)},
+            "choices": [{"finish_reason": finish, "token_ids": list(tokens),
+                         "message": {"role": "assistant", "content": content, "reasoning": reasoning}}]}
+
+
+def test_synth_keeps_a_response_cut_inside_the_reasoning_as_truncated():
+    import importlib
+
+    regen = importlib.import_module("speculators.cli.regenerate_responses")
+
+    kw = dict(detokenize=lambda ids: "<think>" + " ".join(map(str, ids)), conv_id="c", sample_index=0, idx=0,
+              endpoint="e", sampling_params={})
+    cut = vllm_chat_response(None, "let me see")  # the reasoning parser left no content: cut at the cap
+    with pytest.raises(ValueError, match="empty assistant generation"):  # speculators 0.9.0 on its own
+        regen._sample_from_response(cut, **kw)
+    keep = synth.keep_cut_reasoning(regen._sample_from_response)
+    sample, assistant, _ = keep(cut, **kw)
+    assert sample["input_ids"] == [1, 2, 3, 7, 8, 9] and sample["loss_mask"] == [0, 0, 0, 1, 1, 1]
+    assert sample["metadata"]["cut_in_reasoning"] and sample["metadata"]["finish_reason"] == "length"
+    assert assistant["content"] == "let me see"
+    # an empty answer that was NOT cut at the cap is a real error, still raised
+    with pytest.raises(ValueError, match="empty assistant generation"):
+        keep(vllm_chat_response("", "hm", finish="stop"), **kw)
+    ok, _, _ = keep(vllm_chat_response("4", "2+2"), **kw)
+    assert "cut_in_reasoning" not in ok["metadata"]
+    rows = [sample, dict(ok, primary_id="d")]
+    s = synth.summarize(rows, [], ["c", "d"], reasoning=True)
+    assert s["cut_in_reasoning"] == 1 and s["truncated"] == 2 and s["errors"] == 0 and s["reasoning_rows"] == 2
+
+
+def test_synth_probe_names_each_problem():
+    def sample(resp, prompt_text="<|user|>hello there<|assistant|>", user="hello there"):
+        return {"id": "p1", "user": user, "response": resp, "prompt_text": prompt_text}
+    good = sample(vllm_chat_response("hi", "greet back", finish="stop"))
+    assert synth_probe.problems([good], reasoning=True) == []
+    empty = synth_probe.problems([sample(vllm_chat_response("", None, finish="stop", tokens=()))], reasoning=False)
+    assert len(empty) == 1 and "empty response" in empty[0]
+    in_content = synth_probe.problems([sample(vllm_chat_response("<think>hm</think>hi", None))], reasoning=True)
+    assert any("--reasoning-parser" in m for m in in_content)
+    off = synth_probe.problems([sample(vllm_chat_response("hi", None))], reasoning=True)
+    assert any("thinking mode is off" in m for m in off)
+    assert synth_probe.problems([sample(vllm_chat_response("hi", None))], reasoning=False) == []
+    bare = synth_probe.problems([sample(vllm_chat_response("hi", None), prompt_text="hello there")], reasoning=False)
+    assert any("applies no chat template" in m for m in bare)
+    dropped = synth_probe.problems([sample(vllm_chat_response("hi", None), prompt_text="<|user|><|assistant|>")],
+                                   reasoning=False)
+    assert any("drops it" in m for m in dropped)
+    no_ids = dict(vllm_chat_response("hi", None), prompt_token_ids=None)
+    assert any("return_token_ids" in m for m in synth_probe.problems([sample(no_ids)], reasoning=False))
+
+
 def test_synth_refuses_a_dead_server(tiny, tmp_path):
     p = run_stage("synth", "--endpoint", "http://127.0.0.1:9", "--model", str(tiny / "model"),
                   "--prompts", str(tiny / "prompts.jsonl"), "--out", str(tmp_path / "s"), check=False)
@@ -268,6 +321,75 @@ def test_eval_metrics_and_verdicts():
     v, reasons = eval_stage.verdict(1.1, low)
     assert v == "LOW_ACCEPTANCE" and any("1.20 < 1.5" in r for r in reasons)
     assert eval_stage.verdict(1.0, s)[0] == "NEUTRAL"
+
+
+def bench_cell(tps, tpot=5.0, drafts=None, accepted=0, per_pos=(), texts=("a", "b")):
+    """What eval_bench.figures makes of one `vllm bench serve` result."""
+    f = {"completed": 2, "failed": 0, "output_tokens": 64, "duration_s": 1.0, "tokens_per_s": tps,
+         "tpot_ms_median": tpot, "tpot_ms_p99": tpot, "itl_ms_median": tpot, "itl_ms_p99": tpot,
+         "ttft_ms_median": 1.0, "ttft_ms_p99": 1.0, "texts": list(texts)}
+    if drafts is not None:
+        f.update(drafts=drafts, draft_tokens=3 * drafts, accepted_tokens=accepted, per_position=list(per_pos))
+    return f
+
+
+def test_eval_sweep_cells_spread_and_verdicts():
+    assert eval_stage.parse_concurrency("4, 1 16") == [1, 4, 16]
+    with pytest.raises(StageError, match="eval_concurrency"):
+        eval_stage.parse_concurrency("1 zero")
+    assert [(n, c) for n, c, _ in eval_stage.sweep_plan([1, 4], 0.0, 1.0)] == [("greedy", 1), ("greedy", 4)]
+    plan = eval_stage.sweep_plan([1, 4], 1.0, 0.95)
+    assert [(n, c) for n, c, _ in plan][2:] == [("sampled", 1), ("sampled", 4)]
+    assert plan[2][2] == {"temperature": 1.0, "top_p": 0.95}
+
+    base = eval_stage.aggregate([bench_cell(100.0, 10.0), bench_cell(110.0, 9.0)])
+    assert base["tokens_per_s"] == {"mean": 105.0, "min": 100.0, "max": 110.0, "n": 2} and "drafts" not in base
+    spec = eval_stage.aggregate([bench_cell(150.0, 6.0, 10, 15, (0.8, 0.5, 0.2), texts=("a", "x")),
+                                 bench_cell(160.0, 6.0, 30, 45, (0.6, 0.5, 0.4), texts=("a", "x"))])
+    assert spec["drafts"] == 40 and spec["acceptance_rate"] == pytest.approx(60 / 120)
+    assert spec["mean_acceptance_length"] == pytest.approx(2.5)
+    assert spec["per_position_acceptance"] == pytest.approx([0.65, 0.5, 0.35])  # weighted by drafts
+    c = eval_stage.compare(base, spec, "greedy")
+    assert c["speedup"] == pytest.approx(155 / 105) and c["speedup_min"] == pytest.approx(150 / 110)
+    assert c["verdict"] == "PAYS" and c["same_output_as_baseline"] == 1
+    assert eval_stage.compare(base, spec, "sampled")["same_output_as_baseline"] is None
+    # a speedup whose repeats reach 1.0 is noise, not a loss
+    noisy = eval_stage.aggregate([bench_cell(70.0, 6.0, 10, 15, (0.5,) * 3), bench_cell(120.0, 6.0, 10, 15, (0.5,) * 3)])
+    n = eval_stage.compare(base, noisy, "greedy")
+    assert n["speedup"] < 0.97 and n["verdict"] == "NEUTRAL" and "repeats span" in n["reasons"][0]
+    slow = eval_stage.aggregate([bench_cell(50.0, 6.0, 10, 15, (0.5,) * 3), bench_cell(52.0, 6.0, 10, 15, (0.5,) * 3)])
+    assert eval_stage.compare(base, slow, "greedy")["verdict"] == "SLOWER"
+    row = {"sampling": "greedy", "concurrency": 4, "baseline": base, "spec": spec, "comparison": c}
+    text = eval_stage.table([row])
+    assert "105.0 [100.0-110.0]" in text and "155.0 [150.0-160.0]" in text and "PAYS" in text and "1/2" in text
+
+
+def test_eval_bench_argv_and_figures(tiny, tmp_path):
+    argv = eval_bench.bench_argv("http://127.0.0.1:1", "m", tmp_path / "d.jsonl", 8, 4, 32,
+                                 {"temperature": 1.0, "top_p": 0.9}, trust_remote_code=True)
+    from vllm.benchmarks import serve as bench
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    bench.add_cli_args(parser)
+    args = parser.parse_args(argv)  # vLLM's own parser accepts every flag we give it
+    assert (args.max_concurrency, args.num_prompts, args.temperature, args.top_p) == (4, 8, 1.0, 0.9)
+    assert args.ignore_eos and args.backend == "openai" and args.endpoint == "/v1/completions"
+    assert args.trust_remote_code and args.dataset_name == "custom"
+    rows = [json.loads(x) for x in (tiny / "eval.jsonl").read_text().splitlines()]
+    eval_bench.render_prompts(rows, str(tiny / "model"), 32, tmp_path / "d.jsonl", trust_remote_code=False)
+    out = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert len(out) == len(rows) and all(o["output_tokens"] == 32 for o in out)
+    assert rows[0]["messages"][-1]["content"] in out[0]["prompt"] and out[0]["prompt"].endswith("\n\n")
+    assert out[0]["prompt"].count("<|begin_of_text|>") <= 1
+    f = eval_bench.figures({"completed": 8, "failed": 0, "total_output_tokens": 256, "duration": 2.0,
+                            "output_throughput": 128.0, "median_tpot_ms": 5.0, "p99_tpot_ms": 9.0,
+                            "median_itl_ms": 4.0, "p99_itl_ms": 8.0, "median_ttft_ms": 20.0, "p99_ttft_ms": 30.0,
+                            "spec_decode_num_drafts": 10, "spec_decode_draft_tokens": 30,
+                            "spec_decode_accepted_tokens": 12, "spec_decode_per_position_acceptance_rates": [0.6, 0.4, 0.2],
+                            "generated_texts": ["<think>a</think>b"]})
+    assert f["tokens_per_s"] == 128.0 and f["drafts"] == 10 and f["per_position"] == [0.6, 0.4, 0.2]
+    assert f["texts"] == ["<think>a</think>b"] and f["tpot_ms_p99"] == 9.0
 
 
 # ---- tiny model + transformers extraction backend ------------------------------------------------

@@ -186,8 +186,12 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
     if moved:
         click.echo(f"synth: {out_dir} held responses made with other prompts or settings; moved to {moved}")
 
-    import speculators.cli.regenerate_responses as regen
+    import importlib
+
     from speculators.cli.regenerate_responses import regenerate_responses
+
+    # the module, not its namesake function that speculators.cli re-exports (`import a.b as x` gives that)
+    regen = importlib.import_module("speculators.cli.regenerate_responses")
 
     if trust_remote_code:  # speculators 0.9.0 loads the tokenizer without trust_remote_code
         from transformers import AutoTokenizer
