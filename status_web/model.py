@@ -292,6 +292,16 @@ def outcome_view(out: Any, now: float) -> dict:
                    f"{num(out.get('baseline_tokens_per_s')):.1f} without")
         if num(out.get("spec_tokens_per_s")) is not None and num(out.get("baseline_tokens_per_s")) is not None else "",
         "coverage": pct(out.get("coverage")),
+        "decided_at": (f"concurrency {mapping(out.get('decided_at')).get('concurrency')}, "
+                       f"{mapping(out.get('decided_at')).get('sampling')}") if mapping(out.get("decided_at")) else "",
+        "sweep": [{"sampling": str(r.get("sampling") or ""), "concurrency": r.get("concurrency"),
+                   "speedup": "" if num(r.get("speedup")) is None else f"{num(r.get('speedup')):.2f}×",
+                   "spread": "" if num(r.get("speedup_min")) is None or num(r.get("speedup_max")) is None
+                   else f"{num(r.get('speedup_min')):.2f}–{num(r.get('speedup_max')):.2f}",
+                   "tokens": f"{num(r.get('spec_tokens_per_s')) or 0:.1f} vs {num(r.get('baseline_tokens_per_s')) or 0:.1f}",
+                   "acceptance_rate": pct(r.get("acceptance_rate")), "same": str(r.get("same") or "—"),
+                   "verdict": str(r.get("verdict") or "")}
+                  for r in out.get("sweep") or [] if isinstance(r, dict)] if isinstance(out.get("sweep"), list) else [],
         "finished": fmt_clock(num(out.get("finished_at")), now),
         "took": fmt_duration(num(out.get("took_s"))) if num(out.get("finished_at")) is not None else "",
         "history": [{"run_id": h.get("run_id"), "ended": fmt_clock(ts(h.get("ended_at")), now),

@@ -23,6 +23,12 @@ _SUMMARY = re.compile(r"eval summary: acceptance_rate=(?P<rate>[\d.eE+-]+) mean_
 _POSITIONS = re.compile(r"per position \[(?P<pos>[^\]]*)\] \((?P<drafts>\d+) drafts\)")
 _TOKENS = re.compile(r"eval: (?P<spec>[\d.]+) tokens/s with the drafter vs (?P<base>[\d.]+) without")
 _VERDICT = re.compile(r"(?:!!! VERDICT: |eval: VERDICT )(?P<verdict>\w+): (?P<reasons>.*)$")
+_DECIDED = re.compile(r"verdict=\w+ concurrency=(?P<conc>\d+) sampling=(?P<sampling>\w+)")
+# one row of the eval's sweep table (stages/eval.py table())
+_SWEEP_ROW = re.compile(r"^(?P<sampling>greedy|sampled)\s+(?P<conc>\d+)\s+(?P<base>[\d.]+) \[[^\]]*\]\s+"
+                        r"(?P<spec>[\d.]+) \[[^\]]*\]\s+(?P<speedup>[\d.]+)x \[(?P<lo>[\d.]+)-(?P<hi>[\d.]+)\]\s+"
+                        r"\S+\s+\S+\s+(?P<acc>[\d.]+)%\s+(?P<mal>[\d.]+)\s+\S*\s+(?P<same>\S+)\s+(?P<verdict>\w+)\s*$",
+                        re.M)
 _COVERAGE = re.compile(r"vocab coverage: (?P<pct>[\d.]+)% of (?P<tokens>\d+) supervised tokens")
 # what the eval stage's verdict words mean to a reader of the page
 HEADLINE = {"PAYS": "FASTER", "NEUTRAL": "NO FASTER", "SLOWER": "SLOWER", "LOW_ACCEPTANCE": "LOW ACCEPTANCE"}
@@ -47,6 +53,15 @@ def parse_eval(text: str) -> dict | None:
     for line in text.splitlines():
         if v := _VERDICT.search(line):
             out["reasons"] = [r.strip() for r in v["reasons"].split(";") if r.strip()]
+    d = _DECIDED.search(text, m.start(), m.end() + 80)
+    out["decided_at"] = {"concurrency": int(d["conc"]), "sampling": d["sampling"]} if d else None
+    table = text[text.rfind("eval sweep ("):m.start()] if "eval sweep (" in text[:m.start()] else ""
+    out["sweep"] = [{"sampling": r["sampling"], "concurrency": int(r["conc"]), "baseline_tokens_per_s": float(r["base"]),
+                     "spec_tokens_per_s": float(r["spec"]), "speedup": float(r["speedup"]),
+                     "speedup_min": float(r["lo"]), "speedup_max": float(r["hi"]),
+                     "acceptance_rate": float(r["acc"]) / 100, "mean_acceptance_length": float(r["mal"]),
+                     "same": None if r["same"] == "-" else r["same"], "verdict": r["verdict"]}
+                    for r in _SWEEP_ROW.finditer(table)]
     return out
 
 

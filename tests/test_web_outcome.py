@@ -191,3 +191,46 @@ def test_hostside_names_the_run_holding_each_gpu(tmp_path, monkeypatch):
     finally:
         stage.kill()
         stage.wait()
+
+
+def sweep_log() -> bytes:
+    """The end of a sweep eval's log: the table as stages/eval.py prints it, then the decided cell."""
+    from eaglelab.stages import eval as eval_stage
+
+    def cell(tps, drafts=None):
+        runs = [{"completed": 8, "output_tokens": 512, "tokens_per_s": t, "tpot_ms_median": 5.0, "tpot_ms_p99": 6.0,
+                 "itl_ms_median": 5.0, "itl_ms_p99": 6.0, "ttft_ms_median": 1.0, "texts": ["a"] * 8,
+                 **({"drafts": drafts, "draft_tokens": 3 * drafts, "accepted_tokens": drafts,
+                     "per_position": [0.5, 0.3, 0.2]} if drafts else {})} for t in (tps, tps * 1.1)]
+        return eval_stage.aggregate(runs)
+    rows = []
+    for sampling, conc, base, spec in (("greedy", 1, 20.0, 30.0), ("greedy", 4, 60.0, 45.0), ("sampled", 1, 20.0, 26.0),
+                                       ("sampled", 4, 60.0, 40.0)):
+        b, s = cell(base), cell(spec, drafts=40)
+        rows.append({"sampling": sampling, "concurrency": conc, "baseline": b, "spec": s,
+                     "comparison": eval_stage.compare(b, s, sampling)})
+    text = "\n".join(["eval sweep (8 requests x 64 tokens per cell, 2 repeat(s); mean [min-max]):",
+                      eval_stage.table(rows), eval_log(speedup=0.75, verdict="SLOWER").decode().rstrip()])
+    return text.replace("verdict=SLOWER", "verdict=SLOWER concurrency=4 sampling=greedy").encode()
+
+
+def test_sweep_table_and_decided_concurrency_reach_the_banner(tmp_path, monkeypatch):
+    figs = parse_eval(sweep_log().decode())
+    assert figs["decided_at"] == {"concurrency": 4, "sampling": "greedy"} and figs["verdict"] == "SLOWER"
+    assert [(r["sampling"], r["concurrency"]) for r in figs["sweep"]] == [("greedy", 1), ("greedy", 4),
+                                                                          ("sampled", 1), ("sampled", 4)]
+    g1 = figs["sweep"][0]
+    assert g1["speedup"] == 1.5 and g1["verdict"] == "PAYS" and g1["same"] == "8/8" and abs(g1["acceptance_rate"] - 0.333) < 1e-9
+    assert figs["sweep"][1]["verdict"] == "SLOWER" and figs["sweep"][2]["same"] is None
+    assert parse_eval(eval_log().decode())["sweep"] == []  # an eval of before the sweep still reads
+
+    monkeypatch.delenv("EAGLELAB_TOKEN", raising=False)
+    lab = Lab.load(str(make_conf(tmp_path)))
+    make_run_dir(tmp_path / "work", "eval-20270115T061000-0001", stage="eval", log=sweep_log(), exit_code=0,
+                 started_at="2027-01-15T06:10:00.000Z", ended_at="2027-01-15T06:12:00.000Z")
+    app = create_app(lab, start=False, clock=lambda: NOW)
+    app.extensions["eaglelab"].snapshot.refresh_now()
+    html = app.test_client().get("/").get_data(as_text=True)
+    assert re.search(r'id="o-decided">concurrency 4, greedy<', html) and 'id="o-sweep"' in html
+    for shown in ("1.50×", "0.75×", "31.5 vs 21.0", "8/8", "PAYS", "sampled"):
+        assert shown in html, shown
