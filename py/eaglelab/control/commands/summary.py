@@ -15,7 +15,8 @@ from ..render import fmt_duration
 # Figures a stage's manifest may carry under `extra`, shown first, in this order.
 HEADLINE = (("coverage", "vocab coverage", "{:.1%}"), ("acceptance_rate", "acceptance rate", "{:.1%}"),
             ("mean_acceptance_length", "mean acceptance length", "{:.2f}"),
-            ("speedup", "speedup vs no speculation", "{:.2f}x"), ("verdict", "verdict", "{}"))
+            ("speedup", "speedup vs no speculation", "{:.2f}x"), ("verdict", "verdict", "{}"),
+            ("decided_at", "verdict decided at", "{}"))
 
 
 def read_manifests(lab: Lab, names: list[str]) -> dict[str, dict[str, dict | None]]:
@@ -58,7 +59,7 @@ def summarize(lab: Lab) -> dict:
         for out, manifest in docs.get(name, {}).items():
             outputs.append({"path": out, "counts": (manifest or {}).get("counts"),
                             "bytes": (manifest or {}).get("total_bytes")})
-            for key, *_ in HEADLINE:
+            for key in [k for k, *_ in HEADLINE] + ["sweep"]:
                 if manifest and key in (manifest.get("extra") or {}):
                     headline[key] = manifest["extra"][key]
         stages.append({"stage": name, "host": stage.host, "run": run.get("id"), "state": run.get("state", "pending"),
@@ -100,6 +101,11 @@ def summary(ctx, as_json: bool) -> None:
         if key in s["headline"]:
             value = s["headline"][key]
             click.echo(f"{label}: {fmt.format(value) if value is not None else 'n/a'}")
+    for cell in s["headline"].get("sweep") or []:  # the eval's sweep, one line per cell
+        if isinstance(cell, dict):
+            click.echo(f"  {cell.get('sampling')} at concurrency {cell.get('concurrency')}: speedup "
+                       f"{cell.get('speedup') or 0:.2f}x, acceptance {cell.get('acceptance_rate') or 0:.1%}, "
+                       f"{cell.get('verdict')}")
     vs, fc = s["forecast_vs_eval"], s["forecast"]
     if vs:
         click.echo(f"forecast ({vs['forecast_source']}) vs eval: acceptance {vs['forecast_rate']:.1%} forecast, "
