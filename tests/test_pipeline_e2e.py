@@ -125,6 +125,7 @@ def run(tmp_path_factory):
 
         facts["eval"] = lab.lab("run", "eval").stdout  # starts serve_eval: vLLM loads the drafter
         facts["again"] = lab.lab("pipeline").stdout  # everything up to date; stops the services
+        facts["summary"] = lab.lab("summary").stdout
         yield lab, facts
     finally:
         lab.teardown()
@@ -264,6 +265,8 @@ def test_eval_is_a_sweep_measured_by_vllms_benchmark_with_the_verdict_named(run)
     assert len(logs) == 8 and "Serving Benchmark Result" in (lab.data / "eval" / "bench-logs" / logs[0]).read_text()
     man = json.loads((lab.data / "eval" / "manifest.json").read_text())
     assert man["extra"]["decided_at"] == "concurrency 4, greedy" and len(man["extra"]["sweep"]) == 4
+    assert "verdict decided at: concurrency 4, greedy" in f["summary"]
+    assert "sampled at concurrency 4: speedup" in f["summary"]
 
 
 def test_second_pipeline_run_redoes_nothing(run):
