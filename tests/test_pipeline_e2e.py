@@ -24,6 +24,8 @@ LAB = REPO / "bin" / "lab"
 AUX = [1, 2, 3]
 SAMPLES = 64
 DRAFT_V = 128  # the demo profile's draft_vocab_size
+# the whole pipeline runs in the module fixture: ~10 min alone, over 15 on a machine shared by several
+pytestmark = pytest.mark.timeout(2400)
 
 
 class Lab:

@@ -220,22 +220,22 @@ def check_served(endpoint: str, model: str) -> None:
 @click.option("--repeats", default=2, show_default=True, help="runs per cell (the spread)")
 @click.option("--temperature", default=0.0, show_default=True, help="> 0: also a sampled sweep at this temperature")
 @click.option("--top-p", default=1.0, show_default=True)
-@click.option("--decide-at", type=int, default=None, help="the concurrency the verdict is decided at (default: the largest)")
+@click.option("--decide-at", "decide_text", default="", help="the concurrency the verdict is decided at (default/empty: the largest)")
 @click.option("--limit", type=int, default=None)
 @click.option("--trust-remote-code/--no-trust-remote-code", default=False)
 @click.option("--fail-if-slower", is_flag=True, help="exit non-zero when the drafter makes serving slower")
 def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, baseline_file: Path | None,
          drafter: Path | None, max_tokens: int, concurrency_text: str, repeats: int, temperature: float,
-         top_p: float, decide_at: int | None, limit: int | None, trust_remote_code: bool,
+         top_p: float, decide_text: str, limit: int | None, trust_remote_code: bool,
          fail_if_slower: bool) -> None:
     """Measure serving with and without the drafter over a concurrency sweep; report and verdict."""
     endpoint = endpoint.rstrip("/")
     levels = parse_concurrency(concurrency_text)
     if repeats < 1:
         raise StageError(f"--repeats {repeats}: at least 1 (profile var eval_repeats)")
-    decide_at = levels[-1] if decide_at is None else decide_at
+    decide_at = int(decide_text) if decide_text.strip().isdigit() else levels[-1] if not decide_text.strip() else None
     if decide_at not in levels:
-        raise StageError(f"--decide-at {decide_at}: not one of the sweep's concurrency levels {levels} "
+        raise StageError(f"--decide-at {decide_text!r}: not one of the sweep's concurrency levels {levels} "
                          "(profile vars eval_decide_at, eval_concurrency)")
     rows = load_prompts(prompts, limit)
     check_served(endpoint, model)
