@@ -211,6 +211,36 @@ def test_synth_keeps_a_response_cut_inside_the_reasoning_as_truncated():
     assert s["cut_in_reasoning"] == 1 and s["truncated"] == 2 and s["errors"] == 0 and s["reasoning_rows"] == 2
 
 
+def test_synth_stops_as_soon_as_the_error_budget_is_spent():
+    import asyncio
+
+    async def conversation(i):
+        await asyncio.sleep(0)  # a request: the workers interleave
+        if i % 2:
+            raise RuntimeError(f"HTTP 500 on {i}")
+        return False
+
+    seen = {}
+    guarded = synth.stop_when_budget_spent(conversation, budget=2, seen=seen)
+    finished = []
+
+    async def worker(items):  # the shape of speculators' _worker: every Exception becomes an error row
+        for i in items:
+            try:
+                await guarded(i)
+                finished.append(i)
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def run():
+        await asyncio.gather(worker(range(0, 100, 2)), worker(range(1, 100, 2)))
+
+    asyncio.run(run())
+    # after the 3rd failure (> budget 2) nothing more is sent: the rest fail at once, retried on resume
+    assert seen["errors"] == 3 and "HTTP 500" in seen["last"] and len(finished) < 5
+    assert seen["skipped"] == 100 - 3 - len(finished)
+
+
 def test_synth_probe_names_each_problem():
     def sample(resp, prompt_text="<|user|>hello there<|assistant|>", user="hello there"):
         return {"id": "p1", "user": user, "response": resp, "prompt_text": prompt_text}

@@ -16,7 +16,9 @@ A response cut at the cap inside <think> has empty `content` under a reasoning p
 speculators 0.9.0 records it as an error ("empty assistant generation"); greedy generation would
 reproduce it on every resume, and above 5% synth would fail for good. Those rows are kept instead
 (their reasoning tokens are exactly what the drafter must learn to draft), as truncated rows with
-`metadata.cut_in_reasoning`, and counted; the error budget counts real failures only.
+`metadata.cut_in_reasoning`, and counted; the error budget counts real failures only. Once the
+real failures exceed the budget (--max-error-fraction of the prompts) the run stops at once rather
+than finishing hours of work that would fail anyway; finished conversations are kept for a resume.
 
     python -m eaglelab.stages.synth --endpoint http://127.0.0.1:8100 --model data/demo/model \
         --prompts data/demo/prompts.jsonl --out data/demo/synth
@@ -127,6 +129,27 @@ def keep_cut_reasoning(sample_from_response):
     return wrapped
 
 
+class ErrorBudgetSpent(RuntimeError):
+    """A conversation not attempted because the run's error budget is spent (retried on resume)."""
+
+
+def stop_when_budget_spent(regenerate_conversation, budget: int, seen: dict):
+    """speculators' per-conversation coroutine, counting failures; once more than `budget` failed,
+    the rest are not sent (each fails at once, so the run ends in seconds, not hours). Stopping
+    through the worker's own error path: a SystemExit out of asyncio corrupts CPython 3.11's state."""
+    async def wrapped(*args, **kwargs):
+        if seen.get("errors", 0) > budget:
+            seen["skipped"] = seen.get("skipped", 0) + 1
+            raise ErrorBudgetSpent("not attempted: synth's error budget was spent")
+        try:
+            return await regenerate_conversation(*args, **kwargs)
+        except Exception as e:
+            seen["errors"] = seen.get("errors", 0) + 1
+            seen["last"] = f"{type(e).__name__}: {str(e)[:200]}"
+            raise
+    return wrapped
+
+
 def check_rows(rows: list[dict], path: Path) -> None:
     for i, r in enumerate(rows):
         ids, mask = r.get("input_ids"), r.get("loss_mask")
@@ -203,6 +226,8 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
         regen.build_detokenizer = detokenizer
     if not getattr(regen._sample_from_response, "keeps_cut_reasoning", False):
         regen._sample_from_response = keep_cut_reasoning(regen._sample_from_response)
+    budget, seen = int(max_error_fraction * len(rows_in)), {}
+    regen.regenerate_conversation = stop_when_budget_spent(regen.regenerate_conversation, budget, seen)
 
     # speculators' --limit counts rows queued in this run, after skipping finished ids: with a resume
     # it would go past the first N prompts. Give it exactly the first N instead.
@@ -216,6 +241,10 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
                          sampling_params=json.dumps(sampling), outfile=str(out_dir / OUT_NAME), resume=True,
                          max_retries=max_retries, split=None, subset=None, language_filter=None,
                          reasoning_effort=None, temperature=None, seed=0)
+    if seen.get("skipped"):
+        raise StageError(f"{out_dir / ERR_NAME}: stopped early: {seen['errors']} conversations failed in this run, "
+                         f"more than {max_error_fraction:.0%} of {len(rows_in)} prompts (last: {seen.get('last')}); "
+                         f"{seen['skipped']} were not sent. Fix the cause and run again: finished ids are kept (resume)")
     out_path, err_path = out_dir / OUT_NAME, out_dir / ERR_NAME
     rows, bad = common.read_jsonl(out_path) if out_path.exists() else ([], 0)
     errors, _ = common.read_jsonl(err_path) if err_path.exists() else ([], 0)
