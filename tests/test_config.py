@@ -202,3 +202,41 @@ def test_an_error_blames_the_file_that_holds_the_key(tmplab, profile, blamed, ke
     assert named.rstrip(": ").endswith(blamed) or f"/{blamed}:" in named, msg
     other = {"profiles/p.yaml": "pipeline.yaml", "pipeline.yaml": "profiles/p.yaml", "lab.yaml": "profiles/p.yaml"}
     assert f"/{other[blamed]}:" not in named, msg
+
+
+BUDGET = PIPELINE.replace('vars:\n  n: "5"\n', 'vars:\n  n: "5"\n  prompt_max_tokens: "1024"\n'
+                          '  synth_max_tokens: "7168"\n  seq_length: "8192"\n  max_model_len: "9216"\n')
+
+
+def test_a_possible_length_budget_loads(tmplab):
+    cfg = load(tmplab, BUDGET)
+    assert cfg.pipeline.vars["max_model_len"] == "9216"
+
+
+@pytest.mark.parametrize("profile_vars, needles", [
+    # the seeds' numbers: a response cut at the cap is max_model_len tokens, extraction asks for one more
+    ({"synth_max_tokens": "16384", "seq_length": "16384", "max_model_len": "16384"},
+     ["seq_length = 16,384 >= max_model_len = 16,384", "raise max_model_len to at least 16,385"]),
+    ({"synth_max_tokens": "8192"},
+     ["prompt_max_tokens + synth_max_tokens = 9,216 > seq_length = 8,192", "vars.prompt_max_tokens = 1,024",
+      "lower synth_max_tokens to 7,168 or raise seq_length to 9,216"]),
+    ({"seq_length": "${max_model_len}"}, ["seq_length = 9,216 >= max_model_len = 9,216"]),
+    ({"seq_length": "lots"}, ["vars.seq_length = 'lots' is not a whole number"]),
+])
+def test_an_impossible_length_budget_is_refused_at_load(tmplab, profile_vars, needles):
+    tmplab.write_profile("bad", "vars:\n" + "".join(f"  {k}: '{v}'\n" for k, v in profile_vars.items()))
+    with pytest.raises(ConfigError) as e:
+        load(tmplab, BUDGET, profile="bad")
+    msg = e.value.message
+    assert "impossible token length budget" in msg
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+    for key in profile_vars:  # the key the profile set is blamed on the profile file
+        assert f"vars.{key}" in msg and "bad.yaml" in msg, msg
+
+
+def test_the_repo_profiles_fit_their_length_budget():
+    for profile in ("demo", "kimi-k2.5", "none"):
+        v = config.load(config.REPO_ROOT / "conf", profile).pipeline.vars
+        p, g, s, m = (int(v[k]) for k in ("prompt_max_tokens", "synth_max_tokens", "seq_length", "max_model_len"))
+        assert p + g <= s < m, (profile, p, g, s, m)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import model_validator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from . import length_budget
 from .errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -504,6 +505,22 @@ def check_name(kind: str, name: object, where: str) -> None:
                           f"and `-` (at most 64, starting with a letter or digit)")
 
 
+def _check_length_budget(variables: dict[str, Any], where) -> None:
+    """prompt + generation <= seq_length < max_model_len (eaglelab.length_budget), on the rendered vars."""
+    raw = {k: str(v) for k, v in variables.items()}
+    values = {}
+    for k in length_budget.KEYS:
+        if k in raw:
+            try:
+                values[k] = render_template(raw[k], raw, f"vars.{k}")
+            except ConfigError:
+                continue  # refers to a built-in (${host}...): the command renders it, nothing to check here
+    found = length_budget.problems(values, lambda k: str(where(k)))
+    if found:
+        raise ConfigError("impossible token length budget (prompt_max_tokens + synth_max_tokens <= seq_length "
+                          "< max_model_len):\n  " + "\n  ".join(found))
+
+
 def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) -> Config:
     """Load conf_dir (default $EAGLELAB_CONF or <repo>/conf) with a profile merged on top."""
     conf_dir = Path(conf_dir or os.environ.get("EAGLELAB_CONF") or REPO_ROOT / "conf").resolve()
@@ -580,6 +597,7 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             if other not in lab.hosts:
                 raise ConfigError(f"{lab_at('hosts', name, 'direct_to')}: hosts.{name}.direct_to: no host {other!r}"
                                   f"{did_you_mean(other, lab.hosts)}")
+    _check_length_budget(pipe.vars, lambda k: pipe_at("vars", k))
     cfg = Config(lab, pipe, profile, conf_dir)
     for s in pipe.stages.values():  # unknown ${vars}, before placement renders them; blamed on their file
         variables = cfg.vars_for(s)
