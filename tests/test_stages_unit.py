@@ -100,7 +100,7 @@ def test_model_config_errors(tmp_path):
 
 def _argv(mode, device="cpu", **kw):
     base = dict(python="py", model="m", host="127.0.0.1", port=8000, mode=mode, device=device, max_model_len=1024,
-                served_name=None, tensor_parallel=1, gpu_memory_utilization=0.85, enforce_eager=True,
+                served_name=None, tensor_parallel=1, gpu_memory_utilization=0.85, enforce_eager=None,
                 scale_out=True, aux_layers=[1, 2, 3], num_layers=4, hidden_states_path="/hs", drafter="/ck",
                 num_speculative_tokens=3, extra=["--x"])
     base.update(kw)
@@ -119,6 +119,19 @@ def test_serve_argv_extract_cpu_uses_cpu_connector_and_appends_last_layer():
     assert kv["kv_connector_extra_config"]["shared_storage_path"] == "/hs"
     assert "--enforce-eager" in argv and "--enable-scale-out" in argv and argv[-1] == "--x"
     assert "--gpu-memory-utilization" not in argv  # not a CPU flag
+
+
+@pytest.mark.parametrize("device, choice, eager", [
+    ("cpu", None, True), ("cuda", None, False), ("cuda", True, True), ("cpu", False, False)])
+def test_serve_enforce_eager_only_on_cpu_unless_asked(device, choice, eager):
+    for mode in ("plain", "extract", "eval"):
+        assert ("--enforce-eager" in _argv(mode, device=device, enforce_eager=choice)) is eager, (mode, device)
+
+
+def test_serve_dry_run_on_cuda_keeps_cuda_graphs(tiny):
+    for device, eager in (("cuda", False), ("cpu", True)):
+        p = run_stage("serve", "--model", str(tiny / "model"), "--device", device, "--dry-run")
+        assert ("--enforce-eager" in p.stdout) is eager, p.stdout
 
 
 def test_serve_argv_cuda_and_eval():

@@ -44,9 +44,15 @@ def kv_transfer_config(hidden_states_path: str, device: str) -> dict:
     return cfg
 
 
+def eager(device: str, choice: bool | None) -> bool:
+    """--enforce-eager on CPU only, unless asked: on a GPU it turns off CUDA graphs and torch.compile,
+    so a server measured that way is not the one anybody serves with (speedups come out wrong)."""
+    return device == "cpu" if choice is None else choice
+
+
 def build_argv(*, python: str, model: str, host: str, port: int, mode: str, device: str, max_model_len: int,
                served_name: str | None, tensor_parallel: int, gpu_memory_utilization: float | None,
-               enforce_eager: bool, scale_out: bool, aux_layers: list[int], num_layers: int,
+               enforce_eager: bool | None, scale_out: bool, aux_layers: list[int], num_layers: int,
                hidden_states_path: str | None, drafter: str | None, num_speculative_tokens: int,
                extra: list[str]) -> list[str]:
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host,
@@ -57,7 +63,7 @@ def build_argv(*, python: str, model: str, host: str, port: int, mode: str, devi
         argv += ["--tensor-parallel-size", str(tensor_parallel)]
     if gpu_memory_utilization is not None and device != "cpu":
         argv += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
-    if enforce_eager:
+    if eager(device, enforce_eager):
         argv.append("--enforce-eager")
     if scale_out:
         argv.append("--enable-scale-out")  # speculators' render endpoint answers 403 without it
@@ -88,7 +94,8 @@ def build_argv(*, python: str, model: str, host: str, port: int, mode: str, devi
 @click.option("--tensor-parallel", default=1, show_default=True)
 @click.option("--gpu-memory-utilization", type=float, default=None)
 @click.option("--kv-cache-gib", default=1, show_default=True, help="VLLM_CPU_KVCACHE_SPACE on CPU")
-@click.option("--enforce-eager/--no-enforce-eager", default=True, show_default=True)
+@click.option("--enforce-eager/--no-enforce-eager", default=None,
+              help="default: on CPU only (a GPU server keeps its CUDA graphs)")
 @click.option("--scale-out/--no-scale-out", default=True, show_default=True, help="--enable-scale-out (render endpoint)")
 @click.option("--aux-layers", default="", help="aux layer ids, space separated, WITHOUT the last layer")
 @click.option("--hidden-states-path", default=None, help="extract: where vLLM writes hs files")
@@ -99,7 +106,7 @@ def build_argv(*, python: str, model: str, host: str, port: int, mode: str, devi
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def main(model: Path, host: str, port: int, mode: str, device: str, max_model_len: int,
          served_model_name: str | None, tensor_parallel: int, gpu_memory_utilization: float | None,
-         kv_cache_gib: int, enforce_eager: bool, scale_out: bool, aux_layers: str,
+         kv_cache_gib: int, enforce_eager: bool | None, scale_out: bool, aux_layers: str,
          hidden_states_path: str | None, drafter: str | None, num_speculative_tokens: int, vllm_args: str,
          dry_run: bool, extra: tuple[str, ...]) -> None:
     """Exec vLLM's OpenAI server for the target (EXTRA args go to vLLM unchanged)."""
