@@ -75,3 +75,42 @@ def test_service_that_dies_before_ready_fails_the_job_with_its_log(tmplab):
     assert p.returncode != 0
     assert "service 'broken_service' ended (failed (exit code 4)) before it was ready" in p.stderr
     assert "lab logs" in p.stderr and tmplab.runs("job_c") == []
+
+
+FLAGGED = """\
+vars:
+  flag: "--max-num-seqs 8"
+stages:
+  serve:
+    kind: service
+    host: local
+    command: ["${python}", "-c", "import sys, time; print('Application startup complete', sys.argv[1:], flush=True); time.sleep(600)", "${flag}"]
+    ready: {log_regex: "Application startup complete", timeout_s: 60}
+    stop_grace_s: 2
+  synth:
+    host: local
+    command: ["true"]
+    needs: [serve]
+  prepare:
+    host: local
+    command: ["true"]
+"""
+
+
+def _plan(tmplab):
+    import json
+    return {s["stage"]: (s["action"], s["reason"]) for s in json.loads(tmplab.lab("plan", "--json").stdout)["steps"]}
+
+
+def test_a_needed_services_flag_is_part_of_the_jobs_fingerprint(tmplab):
+    tmplab.write_pipeline(FLAGGED)
+    tmplab.lab("run", "synth")
+    tmplab.lab("run", "prepare")
+    tmplab.lab("stop", "serve")
+    assert _plan(tmplab)["synth"][0] == "skip"  # nothing changed: a stopped service is no reason to rerun
+    tmplab.write_profile("test", "vars:\n  flag: '--max-num-seqs 64'\n")
+    plan = _plan(tmplab)
+    assert plan["synth"] == ("run", plan["synth"][1]) and "config" in plan["synth"][1], plan
+    assert plan["prepare"][0] == "skip", plan  # needs no service: untouched
+    tmplab.write_profile("test", "vars: {}\n")  # back as it was: up to date again
+    assert _plan(tmplab)["synth"][0] == "skip"

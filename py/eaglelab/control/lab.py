@@ -69,19 +69,29 @@ class Lab:
         }
 
     def fingerprint(self, stage: StageConfig, spec: dict | None = None) -> str:
-        """Config + inputs' manifests + code version: a change in any of them means rerun."""
+        """Config + inputs' manifests + code version + the configuration of the services the stage
+        `needs` (a vLLM flag or num_speculative_tokens changes what eval measures and what synth
+        generates): a change in any of them means rerun."""
+        def code_of(spec: dict) -> dict:  # the stage script a command runs, and the helpers all stages share
+            code = {"eaglelab": __version__}
+            pkg = REPO_ROOT / "py" / "eaglelab"
+            for arg in spec["command"]:
+                m = re.fullmatch(r"eaglelab\.stages\.(\w+)", arg)
+                if m:
+                    for src in (pkg / "stages" / f"{m.group(1)}.py", *STAGE_SHARED_CODE):
+                        if src.exists():
+                            code[str(src.relative_to(pkg))] = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+            return code
+
         spec = spec or self.launch_spec(stage)
         digest = self.executor(stage.host).inputs_digest(spec["inputs"], spec["cwd"]) if spec["inputs"] else {}
-        code = {"eaglelab": __version__}
-        pkg = REPO_ROOT / "py" / "eaglelab"
-        for arg in spec["command"]:
-            m = re.fullmatch(r"eaglelab\.stages\.(\w+)", arg)
-            if m:  # the stage's own script and the helpers every stage shares
-                for src in (pkg / "stages" / f"{m.group(1)}.py", *STAGE_SHARED_CODE):
-                    if src.exists():
-                        code[str(src.relative_to(pkg))] = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
         payload = {k: spec[k] for k in ("stage", "host", "kind", "command", "env", "inputs", "outputs")}
-        blob = json.dumps({"spec": payload, "inputs": digest, "code": code}, sort_keys=True)
+        services = {}
+        for name in stage.needs:  # their command, env and code; their inputs are the stage's business
+            svc = self.launch_spec(self.cfg.stage(name))
+            services[name] = {"spec": {k: svc[k] for k in ("host", "command", "env")}, "code": code_of(svc)}
+        blob = json.dumps({"spec": payload, "inputs": digest, "code": code_of(spec),
+                           **({"services": services} if services else {})}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     # -- the hosts' truth into the registry ---------------------------------------------------
