@@ -7,6 +7,9 @@ One verdict per check, each with its reason and the fix:
   disk       free disk where the outputs go >= the stage's estimated output
   gpus       enough GPUs with enough free memory
   inputs     every input path exists on the host
+  drafter    a serving stage's EAGLE-3 drafter uses only config fields the host's vLLM understands
+             (speculators 0.9.0 writes norm_before_fc, norm_output and sliding windows; an older
+             vLLM ignores them without a word, and acceptance collapses)
 The estimators and comparisons are pure functions; `run` gathers the host's facts in one call.
 `Lab.run` calls `before_launch` just before launching (EAGLELAB_NO_PREFLIGHT=1 skips it).
 """
@@ -188,6 +191,52 @@ def check_inputs(digest: dict[str, str], where: dict[str, str] | None = None) ->
     return Check("inputs", True, f"{len(digest)} input(s) present" if digest else "no inputs declared")
 
 
+# what a drafter field means, and the speculators train flag that leaves it out
+DRAFTER_FIELDS = {
+    "norm_before_residual": ("hidden_norm before the residual", "--no-norm-before-residual"),
+    "norm_before_fc": ("one RMSNorm before the fc projection (Eagle 3.1)", "--no-norm-before-fc"),
+    "fc_norm": ("a per-layer RMSNorm before the fc projection", "no --fc-norm"),
+    "norm_output": ("post-norm hidden states fed back across steps (Eagle 3.1)", "--no-norm-output"),
+    "sliding_window": ("sliding-window attention in the draft layers",
+                       "--full-attention-indices listing every draft layer"),
+}
+
+
+def drafter_needs(drafter: dict) -> list[str]:
+    """The fields a drafter's config turns on (what vLLM must understand to serve it as trained)."""
+    needs = [f for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output") if drafter.get(f)]
+    if drafter.get("sliding_window") and "sliding_attention" in (drafter.get("layer_types") or []):
+        needs.append("sliding_window")
+    return needs
+
+
+def check_drafter(drafters: dict[str, dict], vllm: dict | None, host: str) -> Check:
+    """Each drafter's fields against the host vLLM's (eaglelab.host.vllm_support)."""
+    if vllm is None:
+        return Check("drafter", False, f"no vLLM installed on {host} to serve {', '.join(drafters)}",
+                     f"`lab sync {host}` (the lock pins vLLM)")
+    problems, flags = [], set()
+    for path, d in drafters.items():
+        arch = d.get("arch") or "llama"
+        known = (vllm.get("eagle3") or {}).get(arch)
+        if known is None:
+            problems.append(f"drafter {path}: draft arch {arch!r} is not one vLLM {vllm['version']} serves as EAGLE-3")
+            continue
+        for field in drafter_needs(d):
+            if not known.get(field):
+                what, flag = DRAFTER_FIELDS[field]
+                problems.append(f"drafter {path} sets {field} ({what}), which vLLM {vllm['version']} on {host} "
+                                f"does not read: it would serve the drafter without it")
+                flags.add(flag)
+    if problems:
+        return Check("drafter", False, "; ".join(problems),
+                     f"install a vLLM that reads these fields on {host} (put it in the host's lock, then "
+                     f"`lab sync {host}`), or retrain the drafter without them (speculators train "
+                     f"{', '.join(sorted(flags)) or 'with a llama or qwen3 draft arch'})")
+    shown = ", ".join(f"{p} ({', '.join(drafter_needs(d)) or 'plain EAGLE-3'})" for p, d in drafters.items())
+    return Check("drafter", True, f"vLLM {vllm['version']} on {host} reads every field of {shown}")
+
+
 # -- gathering the facts -----------------------------------------------------------------------
 
 def lock_path(host) -> Path:
@@ -233,6 +282,8 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
     checks.append(check_gpus(stage.gpus, float(mem) if mem not in (None, "") else None, facts.get("gpus"),
                              stage.host, float(util) if util not in (None, "") else None))
     checks.append(check_inputs(facts.get("inputs") or {}, input_origins(lab, stage, spec["inputs"])))
+    if stage.kind == "service" and facts.get("drafters"):  # a server that will load a drafter
+        checks.append(check_drafter(facts["drafters"], facts.get("vllm"), stage.host))
     return checks
 
 

@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from . import machine
+from . import machine, vllm_support
 
 
 def canonical(name: str) -> str:
@@ -35,11 +35,13 @@ def facts(work_dir: str, inputs: list[str], outputs: list[str], cwd: str) -> dic
     base = Path(cwd).expanduser()
     disk = {p: machine.free_disk(base / p) for p in (outputs or [])}
     disk[work_dir] = machine.free_disk(work_dir)
+    drafters = vllm_support.drafters_among(inputs, base)  # a serving stage's drafter: can this vLLM serve it?
     return {"schema": 1, "hostname": platform.node(), "home": str(Path.home()), "python": sys.executable,
             "python_version": platform.python_version(), "packages": packages(),
             "free_disk_bytes": disk, "gpus": machine.gpus(),
             "inputs": machine.inputs_digest(inputs, str(base)) if inputs else {},
-            "manifests": manifests(inputs, base), "cwd_exists": base.is_dir(), "pid": os.getpid()}
+            "manifests": manifests(inputs, base), "cwd_exists": base.is_dir(), "pid": os.getpid(),
+            "drafters": drafters, "vllm": vllm_support.installed() if drafters else None}
 
 
 def manifests(inputs: list[str], base: Path) -> dict[str, dict]:
