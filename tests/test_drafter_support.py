@@ -11,7 +11,7 @@ from eaglelab.control import preflight
 from eaglelab.host import vllm_support
 
 SPECULATORS_090 = {  # what speculators 0.9.0 writes for a llama-arch EAGLE-3 drafter by default
-    "speculators_model_type": "eagle3", "arch": "llama", "norm_before_residual": False, "norm_before_fc": True,
+    "speculators_model_type": "eagle3", "arch": "llama", "norm_before_residual": True, "norm_before_fc": True,
     "fc_norm": False, "norm_output": True, "sliding_window": 2048, "layer_types": ["sliding_attention"]}
 
 
@@ -63,7 +63,7 @@ def test_check_names_field_drafter_version_and_fix():
         assert needle in c.line(), (needle, c.line())
     assert "norm_before_fc" not in c.detail  # that one this vLLM reads
     good = preflight.check_drafter({"d": SPECULATORS_090}, vllm_support.installed(), "local")
-    assert good.ok is True and "norm_before_fc, norm_output, sliding_window" in good.detail
+    assert good.ok is True and "norm_before_residual, norm_before_fc, norm_output, sliding_window" in good.detail
 
 
 def test_no_vllm_or_an_unknown_arch_fails():
@@ -73,6 +73,7 @@ def test_no_vllm_or_an_unknown_arch_fails():
 
 
 def test_plain_eagle3_needs_nothing_special():
-    plain = {**SPECULATORS_090, "norm_before_fc": False, "norm_output": False, "layer_types": ["full_attention"]}
+    plain = {**SPECULATORS_090, "norm_before_residual": False, "norm_before_fc": False, "norm_output": False, "layer_types": ["full_attention"]}
     assert preflight.drafter_needs(plain) == []
-    assert preflight.drafter_needs(SPECULATORS_090) == ["norm_before_fc", "norm_output", "sliding_window"]
+    assert preflight.drafter_needs(SPECULATORS_090) == ["norm_before_residual", "norm_before_fc", "norm_output",
+                                                        "sliding_window"]

@@ -22,6 +22,7 @@ class Step:
     reason: str
     latest_run: str | None = None
     host: str = ""
+    settings: str = ""  # the job's key settings, and those of the services it needs (key_settings)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -46,6 +47,37 @@ def propagate(order: list[str], depends_on: dict[str, list[str]],
     return out
 
 
+def key_settings(argv: list[str]) -> str:
+    """Pure: a command's settings worth seeing in a plan: `--flag value` pairs and bare switches, paths
+    and URLs left out (they say where, not how; a warm start's drafter says how, so it stays):
+    `concurrency=64 max-tokens=16384 reasoning`."""
+    out, i = [], 0
+    while i < len(argv):
+        flag, nxt = argv[i], (argv[i + 1] if i + 1 < len(argv) else None)
+        if not flag.startswith("--"):
+            i += 1
+            continue
+        if nxt is None or (nxt.startswith("--") and " " not in nxt):  # a switch: --reasoning
+            out.append(flag[2:])
+            i += 1
+            continue
+        if nxt.startswith("--"):  # a string of flags passed on (serve's --vllm-args)
+            out.append(f"{flag[2:]}={nxt!r}")
+        elif nxt and (flag == "--warm-start" or "/" not in nxt and not nxt.startswith("http")):
+            out.append(f"{flag[2:]}={nxt!r}" if " " in nxt else f"{flag[2:]}={nxt}")
+        i += 2
+    return " ".join(out)
+
+
+def stage_settings(lab: Lab, name: str) -> str:
+    """The job's key settings; then, for each service it needs, that service's."""
+    stage = lab.cfg.stage(name)
+    parts = [key_settings(lab.launch_spec(stage)["command"])]
+    for svc in stage.needs:
+        parts.append(f"needs {svc}: {key_settings(lab.launch_spec(lab.cfg.stage(svc))['command'])}")
+    return "; ".join(p for p in parts if p)
+
+
 def make_plan(lab: Lab, stages: list[str] | None = None, force: bool = False,
               refresh: bool = True) -> list[Step]:
     """The jobs a pipeline (or `lab run STAGES --deps`) would go through, in order, with verdicts."""
@@ -63,10 +95,15 @@ def make_plan(lab: Lab, stages: list[str] | None = None, force: bool = False,
         host = lab.cfg.stage(n).host
         if host in unreachable:  # say so: the verdict rests on what was known before the host went away
             reason += f" [host {host} unreachable: {unreachable[host]}; from its last known state]"
-        steps.append(Step(n, action, reason, latest_run=latest[n], host=host))
+        steps.append(Step(n, action, reason, latest_run=latest[n], host=host, settings=stage_settings(lab, n)))
     return steps
 
 
-def format_plan(steps: list[Step]) -> list[str]:
+def format_plan(steps: list[Step], settings: bool = False) -> list[str]:
     width = max((len(s.stage) for s in steps), default=0)
-    return [f"{s.stage:<{width}}  {s.action:<6}  {s.reason}" for s in steps]
+    lines = []
+    for s in steps:
+        lines.append(f"{s.stage:<{width}}  {s.action:<6}  {s.reason}")
+        if settings and s.settings:
+            lines.append(f"{'':<{width}}  {'':<6}  {s.settings}")
+    return lines

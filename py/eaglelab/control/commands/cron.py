@@ -212,7 +212,7 @@ def plan(ctx: click.Context, stages: tuple[str, ...], force: bool, as_json: bool
     if as_json:
         click.echo(json.dumps({"schema": 1, "steps": [s.as_dict() for s in steps]}, indent=1))
         return
-    for line in format_plan(steps):
+    for line in format_plan(steps, settings=True):
         click.echo(line)
     n_run = sum(s.action == "run" for s in steps)
     click.echo(f"-- {n_run} to run, {sum(s.action == 'skip' for s in steps)} up to date, "
