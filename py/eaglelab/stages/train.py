@@ -29,7 +29,7 @@ import click
 
 from .. import manifest
 from ..errors import StageError
-from . import common
+from . import common, warm_start as warm
 
 DRAFTER_LINK = "drafter"  # <out>/drafter -> the last epoch's checkpoint
 
@@ -137,11 +137,16 @@ def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Pat
 @click.option("--acceptance-k", default=3, show_default=True,
               help="estimate each checkpoint's acceptance offline for this many speculative tokens (0: off)")
 @click.option("--acceptance-samples", default=32, show_default=True, help="held-out rows per estimate")
+@click.option("--warm-start", default="", help="start from this EAGLE-3 drafter (a directory or a hub id); '': from scratch")
+@click.option("--warm-start-vocab", type=click.Choice(["check", "rebuild"]), default="check", show_default=True,
+              help="check: the drafter's d2t must equal the vocab stage's; rebuild: remap its lm_head to it")
+@click.option("--seed", default=42, show_default=True, help="torch/numpy/random seed (speculators' --seed)")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Path, aux_layers: str,
          draft_vocab_size: int, epochs: int, lr: float, total_seq_len: int, loss_implementation: str,
          draft_attn_impl: str, ttt_steps: int, loss_fn: str, num_workers: int | None, max_steps: int | None, device: str,
          gpus: int, trust_remote_code: bool, acceptance_k: int, acceptance_samples: int,
+         warm_start: str, warm_start_vocab: str, seed: int,
          extra: tuple[str, ...]) -> None:
     """Train the drafter (EXTRA args go to `speculators train` unchanged)."""
     import torch
@@ -169,9 +174,23 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
     if voc["params"].get("data") != prep["fingerprint"]:
         raise StageError(f"{vocab / manifest.NAME}: built from other prepared data; rerun vocab")
 
+    drafter, vocab_differs = None, None
+    if warm_start:  # before the (long) start: the drafter fits this target, these layers, this vocabulary
+        drafter = warm.resolve(warm_start)
+        vocab_differs = warm.check(drafter, vocab, aux, cfg["hidden_size"])
+        if vocab_differs and warm_start_vocab == "check":
+            raise StageError(f"--warm-start {warm_start}: {vocab_differs}. speculators would put this vocabulary's "
+                             "d2t under the drafter's lm_head, so each row would predict another token. Fix: set "
+                             "the var warm_start_vocab to rebuild (keeps the drafter's rows for the tokens in both "
+                             "vocabularies, the verifier's lm_head rows for the new ones), or draft_vocab_size and "
+                             "the vocab stage to the drafter's vocabulary, or train from scratch (warm_start: '')")
+
     params = {"data": prep["fingerprint"], "hidden_states": hs["fingerprint"], "vocab": voc["fingerprint"],
               "aux_layers": aux, "epochs": epochs, "lr": lr, "total_seq_len": total_seq_len,
-              "loss": loss_implementation, "loss_fn": loss_fn, "max_steps": max_steps, "ttt_steps": ttt_steps, "extra": list(extra)}
+              "loss": loss_implementation, "loss_fn": loss_fn, "max_steps": max_steps, "ttt_steps": ttt_steps,
+              "extra": list(extra), "seed": seed,
+              **({"warm_start": {"drafter": warm.fingerprint(drafter), "vocab": "rebuilt" if vocab_differs else "same"}}
+                 if drafter else {})}
     if manifest.is_complete(out_dir, params):
         click.echo(f"train: {out_dir} is complete ({manifest.read(out_dir)['counts']}); skipping")
         return
@@ -180,6 +199,13 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
         if moved:
             click.echo(f"train: {out_dir} was trained with other inputs or settings; moved to {moved}; "
                        "training afresh")
+    if drafter is not None:
+        if "LOCAL_RANK" not in os.environ:  # once, before torchrun's ranks start (they read it)
+            warm.stage(drafter, vocab, model, out_dir / warm.STAGED, rebuild=bool(vocab_differs))
+            if vocab_differs:
+                click.echo(f"train: warm start drafter rebuilt for this vocabulary ({vocab_differs})")
+        click.echo(f"train: warm start from {drafter} (staged in {out_dir / warm.STAGED})")
+        drafter = out_dir / warm.STAGED
     before = completed_epochs(out_dir)
     if before:
         click.echo(f"train: resuming after epoch {before[-1]} (checkpoints {before} in {out_dir})")
@@ -192,8 +218,9 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
                             draft_vocab_size=draft_vocab_size, epochs=epochs, lr=lr, seq_len=total_seq_len,
                             loss=loss_implementation, attn=attn, workers=workers, max_steps=max_steps,
                             ttt_steps=ttt_steps,
-                            extra=["--loss-fn", loss_fn] + (["--trust-remote-code"] if trust_remote_code else [])
-                            + list(extra))
+                            extra=["--loss-fn", loss_fn, "--seed", str(seed)]
+                            + (["--trust-remote-code"] if trust_remote_code else [])
+                            + (["--from-pretrained", str(drafter)] if drafter is not None else []) + list(extra))
     if gpus > 1 and "LOCAL_RANK" not in os.environ:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
                "-m", "eaglelab.stages.train", *sys.argv[1:]]
@@ -202,6 +229,7 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
 
     if device == "cpu":
         cpu_patches()
+        torch.use_deterministic_algorithms(True, warn_only=True)  # cheap here; the demo's numbers repeat
     announce_plan()
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
