@@ -77,3 +77,40 @@ def test_plain_eagle3_needs_nothing_special():
     assert preflight.drafter_needs(plain) == []
     assert preflight.drafter_needs(SPECULATORS_090) == ["norm_before_residual", "norm_before_fc", "norm_output",
                                                         "sliding_window"]
+
+
+def test_lab_preflight_of_a_serving_stage_checks_its_drafter(tmplab, tmp_path):
+    """Through `lab preflight`: the host (here this machine) reads the drafter under the stage's inputs
+    and its own vLLM; a job, or a service without a drafter, gets no such check."""
+    import json
+    ck = tmp_path / "checkpoints" / "1"
+    ck.mkdir(parents=True)
+    cfg = {"speculators_model_type": "eagle3", "speculators_version": "0.9.0", "norm_before_residual": True,
+           "norm_before_fc": True, "fc_norm": False, "norm_output": True, "draft_vocab_size": 128,
+           "transformer_layer_config": {"model_type": "llama", "sliding_window": 2048,
+                                        "layer_types": ["sliding_attention"]}}
+    (ck / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "checkpoints" / "drafter").symlink_to("1")
+    tmplab.write_pipeline(f"""\
+        stages:
+          serve_eval:
+            kind: service
+            host: local
+            command: ["true"]
+            inputs: ["{tmp_path / 'checkpoints'}"]
+            ready: {{log_regex: "up"}}
+          serve_plain:
+            kind: service
+            host: local
+            command: ["true"]
+            ready: {{log_regex: "up"}}
+        """)
+
+    def checks(stage):
+        out = json.loads(tmplab.lab("preflight", stage, "--json", check=False).stdout)
+        return {c["name"]: c for c in out["checks"]}
+
+    got = checks("serve_eval")["drafter"]
+    assert got["verdict"] == "PASS" and "vLLM 0.32.0" in got["detail"], got
+    assert "checkpoints/drafter (norm_before_residual, norm_before_fc, norm_output, sliding_window)" in got["detail"]
+    assert "drafter" not in checks("serve_plain")
