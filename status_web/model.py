@@ -230,7 +230,24 @@ def overview(status: dict, now: float) -> dict:
             "counts": counts, "pipeline": pipeline if busy else None, "busy": busy,
             "outcome": guarded(lambda: outcome_view(status.get("outcome"), now), {"verdict": "NOT MEASURED"})
             if status.get("outcome") is not None else None,
-            "forecast": guarded(lambda: forecast_view(mapping(status.get("pipeline")), now), {})}
+            "forecast": guarded(lambda: forecast_view(mapping(status.get("pipeline")), now), {}),
+            "side_jobs": guarded(lambda: side_jobs_view(mapping(status.get("pipeline"))), [])}
+
+
+def side_jobs_view(pipe: dict) -> list[dict]:
+    """pipeline.side_jobs for the overview: a smoke that failed under this config is the next stage's
+    failure (a banner); the others are one line each."""
+    rows = pipe.get("side_jobs") if isinstance(pipe.get("side_jobs"), list) else []
+    out = []
+    for sj in rows:
+        sj = mapping(sj)
+        if not sj.get("run"):
+            continue
+        out.append({"stage": str(sj.get("stage") or ""), "beside": str(sj.get("beside") or ""),
+                    "smoke_of": str(sj.get("smoke_of") or ""), "state": str(sj.get("state") or ""),
+                    "run": str(sj.get("run") or ""), "reason": str(sj.get("reason") or ""),
+                    "will_fail": bool(sj.get("smoke_of") and sj.get("reason") and sj.get("current_config"))})
+    return out
 
 
 SOURCE_WORDS = {"pilot": "a pilot slice's checkpoint", "checkpoint": "the latest training checkpoint (offline)",

@@ -207,6 +207,27 @@ class PriorConfig(_Strict):
         return self
 
 
+class DuringConfig(_Strict):
+    """A side job (README "Foresight"): `lab pipeline` starts it while `stage` runs, once that run's
+    progress has reached `after` units (its bar's n: rows generated, samples extracted), instead of
+    in dependency order. `late`: also start it when `stage` had finished already (a pilot still
+    forecasts then; a smoke of the next stage would only repeat it)."""
+    stage: str
+    after: str | int = 1  # units of `stage`'s progress; may be a ${var}
+    late: bool = True
+
+
+class SmokeConfig(_Strict):
+    """Try this stage on the first outputs of the stage before it, while that one still runs: eaglelab
+    adds the job `smoke-<stage>` = this stage's command + `args` (its own script reads them: train's
+    --smoke-steps), started `during` that stage after `after` units. A smoke that fails is reported at
+    once as this stage's failure, and `lab pipeline` does not start this stage with the same config."""
+    during: str
+    after: str | int = 1
+    args: list[str] = Field(min_length=1)  # appended to the command (a later option wins in click)
+    env: dict[str, str] = {}
+
+
 class StageConfig(_Strict):
     name: str = ""
     kind: Literal["job", "service"] = "job"
@@ -224,12 +245,19 @@ class StageConfig(_Strict):
     prior: PriorConfig | None = None  # first-run ETA: input size x throughput (README "ETAs")
     description: str = ""
     keep_alive_s: float = 600  # services: stopped once no job that needs them has run for this long
+    during: DuringConfig | None = None  # a side job started while another stage runs (a pilot)
+    smoke: SmokeConfig | None = None  # try this stage on the first outputs of the one before it
     # set for the transfer stages eaglelab adds (eaglelab.control.transfers), never by a user
     _transfer: Any = PrivateAttr(None)
+    _smoke_of: str | None = PrivateAttr(None)  # set on the smoke-<stage> jobs eaglelab adds
 
     @property
     def transfer(self):
         return self._transfer
+
+    @property
+    def smoke_of(self) -> str | None:
+        return self._smoke_of
 
 
 class GateConfig(_Strict):
@@ -581,6 +609,15 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
         for d in s.needs:
             if pipe.stages[d].kind != "service":
                 raise ConfigError(f"{where('needs')}: {d!r} is a job; list jobs under depends_on")
+        for key in ("during", "smoke"):
+            trigger = getattr(s, key)
+            ref = None if trigger is None else trigger.stage if key == "during" else trigger.during
+            if ref is not None and (ref not in pipe.stages or pipe.stages[ref].kind != "job" or ref == name):
+                raise ConfigError(f"{where(key)}: {ref!r} is no other job of the pipeline"
+                                  f"{did_you_mean(ref, pipe.stages)}; name the job it runs beside")
+        if s.kind == "service" and (s.during or s.smoke):
+            raise ConfigError(f"{where('during' if s.during else 'smoke')}: stages.{name} is a service; only a job "
+                              "can run beside another stage")
         if s.kind == "service" and s.ready is None:
             raise ConfigError(f"{pipe_at('stages', name, 'kind')}: stages.{name}: a service needs `ready:` "
                               f"(log_regex or url)")
@@ -605,7 +642,8 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             value = getattr(s, key)
             for v in value.values() if isinstance(value, dict) else value:
                 render_template(v, variables, f"stage {s.name!r} in {pipe_at('stages', s.name, key)}")
-    from . import placement  # the transfers this placement needs become stages of their own
+    from . import placement, side_jobs  # the transfers this placement needs become stages of their own
+    side_jobs.add_smoke_stages(cfg)
     placement.add_transfer_stages(cfg)
     cfg.stage_order()  # refuses cycles now, not at launch
     for s in pipe.stages.values():

@@ -42,6 +42,7 @@ class Lab:
         self.notifier = notify.watch(self)
         self.ignore_gates = False  # --ignore-gates (eaglelab.control.gates)
         self.gate_failures: dict[str, list[str]] = {}  # run id -> why its gate stopped it
+        self.side_runs = None  # the pilot and smoke jobs of the pipeline being run (control/side_runs.py)
 
     @classmethod
     def load(cls, conf_dir: str | None = None, profile: str | None = None) -> "Lab":
@@ -346,6 +347,8 @@ class Lab:
                     print(f"lab: {cur['id']} {cur['state']}{_end_detail(cur)}", file=out)
                 return cur
             gate_watch(cur, out)
+            if self.side_runs is not None:  # the pilot / the next stage's smoke, started beside this run
+                self.side_runs.poll(cur)
             time.sleep(poll_s)
 
     @staticmethod
@@ -389,15 +392,25 @@ class Lab:
         """Every job in dependency order, each only if needed, stopping at the first that does not
         complete; services are stopped however it ends (Ctrl-C included) unless keep_services.
         `lab pipeline` and a cron firing both call this."""
+        from . import gates
+        from .side_runs import SideRuns
         result = PipelineResult()
-        jobs = [n for n in self.cfg.stage_order() if self.cfg.stage(n).kind == "job"]
+        # side jobs (a pilot, a smoke test) start beside the stage they name, not in this order
+        jobs = [n for n in self.cfg.stage_order() if self.cfg.stage(n).kind == "job" and self.cfg.stage(n).during is None]
+        self.side_runs = side = SideRuns(self, out)
         try:
             for i, name in enumerate(jobs):
-                from . import gates
                 gated = gates.blocked(self, name, out)  # its gate fails already: it does not start
                 if gated:
                     result.ran.append({"stage": name, "run": None, "state": "gated"})
                     result.failed = gated
+                    break
+                side.poll(force=True)  # a pilot beside a stage that had finished already starts now
+                smoked = side.before(name)  # its smoke test failed: hours of it would fail the same way
+                if smoked:
+                    print(f"lab: not starting {name}: " + "; ".join(smoked), file=out)
+                    result.ran.append({"stage": name, "run": None, "state": "smoke_failed"})
+                    result.failed = {"stage": name, "state": "smoke_failed", "id": None, "smoke": smoked}
                     break
                 try:
                     rec = self.run(name, force=force, wait=True, follow=follow, reap=False)
@@ -412,7 +425,10 @@ class Lab:
                 if not keep_services:  # a service no job left in the pipeline needs holds its GPUs for nothing
                     later = {svc for n in jobs[i + 1:] for svc in self.cfg.stage(n).needs}
                     self.stop_services(out=out, keep=lambda n: n in later, why="no stage left needs it")
+            if result.failed is None:
+                side.finish()  # a pilot still running: its forecast belongs to this pipeline
         finally:
+            self.side_runs = None
             if not keep_services:
                 self.stop_services(out=out)
         return result
@@ -436,6 +452,8 @@ class PipelineResult:
     def detail(self) -> str:
         if self.failed and self.failed.get("gate"):
             return f"{self.failed['stage']} stopped by its gate: " + "; ".join(self.failed["gate"])
+        if self.failed and self.failed.get("smoke"):
+            return f"{self.failed['stage']} not started: " + "; ".join(self.failed["smoke"])
         return f"{self.failed['stage']} {self.failed['state']}" if self.failed else f"{len(self.ran)} stages completed"
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from eaglelab.figures import human_duration as _human
+from eaglelab.side_jobs import SMOKE_PREFIX  # smoke-<stage>: the next stage's smoke test (a side job)
 from eaglelab.model import ACTIVE, how_it_ended
 
 EVENTS = ("completed", "failed", "stalled", "pipeline_finished", "gate_failed")
@@ -98,6 +99,9 @@ def stage_payload(event: str, run: dict, status_url: str, now: float) -> dict:
     stage, host, dur = run.get("stage"), run.get("host"), run.get("duration_s")
     if event == "completed":
         text = f"{stage} completed on {host} in {human_duration(dur)}"
+    elif event == "failed" and str(stage).startswith(SMOKE_PREFIX):  # the next stage's failure, found early
+        text = (f"{stage[len(SMOKE_PREFIX):]} will fail: its smoke test failed on {host} after "
+                f"{human_duration(dur)}: {reason or run.get('state')}")
     elif event == "failed":
         text = f"{stage} failed on {host} after {human_duration(dur)}: {reason or run.get('state')}"
     else:
@@ -108,6 +112,7 @@ def stage_payload(event: str, run: dict, status_url: str, now: float) -> dict:
             "started_at": run.get("started_at"), "ended_at": run.get("ended_at"),
             "exit_code": run.get("exit_code"), "signal": run.get("signal"),
             "failure": ls.get("failure"), "reason": reason, "status_url": status_url, "text": text,
+            **({"smoke_of": stage[len(SMOKE_PREFIX):]} if str(stage).startswith(SMOKE_PREFIX) else {}),
             "at": utcnow_iso(now)}
 
 

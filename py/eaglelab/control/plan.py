@@ -82,10 +82,14 @@ def make_plan(lab: Lab, stages: list[str] | None = None, force: bool = False,
               refresh: bool = True) -> list[Step]:
     """The jobs a pipeline (or `lab run STAGES --deps`) would go through, in order, with verdicts."""
     unreachable = {h: e for h, e in (lab.refresh() if refresh else {}).items() if e}
+    from eaglelab import side_jobs
     order = [n for n in lab.cfg.stage_order(stages) if lab.cfg.stage(n).kind == "job"]
+    order = beside_order(order, {n: lab.cfg.stage(n).during.stage for n in order if lab.cfg.stage(n).during})
     own, latest = {}, {}
     for name in order:
         action, reason, rec = lab.decide(name, force)
+        if lab.cfg.stage(name).during is not None and action != "attach":  # a side job (README "Foresight")
+            action, reason = "beside", side_jobs.describe(lab.cfg, name)
         own[name] = (action, reason)
         latest[name] = rec["id"] if rec else None
     final = propagate(order, {n: lab.cfg.stage(n).depends_on for n in order}, own)
@@ -97,6 +101,17 @@ def make_plan(lab: Lab, stages: list[str] | None = None, force: bool = False,
             reason += f" [host {host} unreachable: {unreachable[host]}; from its last known state]"
         steps.append(Step(n, action, reason, latest_run=latest[n], host=host, settings=stage_settings(lab, n)))
     return steps
+
+
+def beside_order(order: list[str], beside: dict[str, str]) -> list[str]:
+    """Pure: each side job right after the stage it runs beside (when that one is in the plan)."""
+    out = [n for n in order if n not in beside]
+    for side in [n for n in order if n in beside]:
+        at = out.index(beside[side]) + 1 if beside[side] in out else len(out)
+        while at < len(out) and out[at] in beside:
+            at += 1
+        out.insert(at, side)
+    return out
 
 
 def format_plan(steps: list[Step], settings: bool = False) -> list[str]:

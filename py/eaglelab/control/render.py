@@ -206,6 +206,13 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
     if isinstance(fc, dict) and isinstance(fc.get("acceptance_rate"), (int, float)):
         from .forecast import describe  # README "Foresight"
         console.print(esc("forecast: " + describe(fc)), markup=False, highlight=False)
+    for sj in pipe.get("side_jobs") or []:  # README "Foresight": a smoke's failure is the next stage's
+        if sj.get("smoke_of") and sj.get("reason") and sj.get("current_config"):
+            console.print(esc(f"{sj['smoke_of']} WILL FAIL: its smoke test {sj['run']} {sj['state']} beside "
+                              f"{sj['beside']}: {sj['reason']} (lab logs {sj['run']})"), markup=False, highlight=False)
+        elif sj.get("state") in ("running", "pending") and sj.get("run"):
+            console.print(esc(f"side job {sj['stage']} running beside {sj['beside']} ({sj['run']})"),
+                          markup=False, highlight=False)
     if show_all:
         allruns = Table(title="all runs", title_justify="left")
         allruns.add_column("run", no_wrap=True)

@@ -57,7 +57,29 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
     status = {"schema": SCHEMA, "generated_at": utcnow_iso(now), "profile": lab.cfg.profile,
               "runs": runs, "hosts": hosts, "stages": stages, "services": usage(lab, now)}
     from . import forecast  # pipeline.forecast: will the drafter pay off (README "Foresight")
-    return forecast.annotate(lab, _annotate_eta(lab, status, now, refresh), now)
+    status = forecast.annotate(lab, _annotate_eta(lab, status, now, refresh), now)
+    status["pipeline"]["side_jobs"] = side_jobs_view(lab, runs)
+    return status
+
+
+def side_jobs_view(lab: Lab, runs: list[dict]) -> list[dict]:
+    """pipeline.side_jobs: each pilot / smoke test, what it runs beside, its latest run and why it failed."""
+    from eaglelab import side_jobs
+    from .side_runs import failure_of
+    out = []
+    for name in side_jobs.side_jobs(lab.cfg):
+        s = lab.cfg.stage(name)
+        latest = next((r for r in reversed(runs) if r["stage"] == name), None)
+        state = (latest or {}).get("state") or "pending"
+        try:  # a failure under an earlier config says nothing of the next run (no host asked: no inputs)
+            current = bool(latest) and latest.get("fingerprint") == lab.fingerprint(s)
+        except Exception:  # noqa: BLE001 - the view never breaks `lab status`
+            current = False
+        out.append({"current_config": current, "stage": name, "beside": s.during.stage, "after": side_jobs.after_units(lab.cfg, s),
+                    "smoke_of": s.smoke_of, "state": state, "run": (latest or {}).get("id"),
+                    "ended_at": (latest or {}).get("ended_at"),
+                    "reason": failure_of(latest) if latest and state in ("failed", "killed", "lost") else None})
+    return out
 
 
 def _annotate_eta(lab: Lab, status: dict, now: float, refresh: bool = False) -> dict:

@@ -84,6 +84,37 @@ def completed_epochs(save_path: Path) -> list[int]:
     return sorted(done)
 
 
+def _rows(path: Path) -> int:
+    from datasets import load_from_disk
+    return len(load_from_disk(str(path)))
+
+
+def smoke_inputs(data: Path, hidden_states: Path, out_dir: Path) -> tuple[Path, Path, Path]:
+    """(rows, hidden states, out) for a smoke run while extraction writes: the longest prefix of the
+    samples whose hs files exist (extraction goes in index order, and speculators maps row i to
+    hs_i, so a prefix keeps the pairing), saved as a dataset of its own in <out>.smoke."""
+    import shutil
+
+    from datasets import load_from_disk
+
+    from .extract import TRIMMED_DATA, hs_path
+
+    smoke = out_dir.parent / f"{out_dir.name}.smoke"
+    shutil.rmtree(smoke, ignore_errors=True)
+    src = hidden_states / TRIMMED_DATA if (hidden_states / TRIMMED_DATA).is_dir() else data
+    rows = load_from_disk(str(src))
+    n = 0
+    while n < len(rows) and hs_path(hidden_states, n).is_file():
+        n += 1
+    if n == 0:
+        raise StageError(f"{hidden_states}: no hidden states yet (hs_0.safetensors is missing): the smoke of "
+                         "train needs the first extracted samples; start it later (smoke.after)")
+    smoke.mkdir(parents=True)
+    rows.select(range(n)).save_to_disk(str(smoke / "rows"))
+    click.echo(f"train: smoke on the first {n} of {len(rows)} samples (their hidden states exist) in {smoke}")
+    return smoke / "rows", hidden_states, smoke / "checkpoints"
+
+
 def check_loss(loss: str, device: str, torch_version: str) -> None:
     if loss != "fused":
         return
@@ -141,12 +172,15 @@ def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Pat
 @click.option("--warm-start-vocab", type=click.Choice(["check", "rebuild"]), default="check", show_default=True,
               help="check: the drafter's d2t must equal the vocab stage's; rebuild: remap its lm_head to it")
 @click.option("--seed", default=42, show_default=True, help="torch/numpy/random seed (speculators' --seed)")
+@click.option("--smoke-steps", default=0, show_default=True,
+              help=">0: a smoke test of this very command while extraction still runs: this many steps on the "
+                   "samples whose hidden states exist so far, in <out>.smoke (removed after); no manifest")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Path, aux_layers: str,
          draft_vocab_size: int, epochs: int, lr: float, total_seq_len: int, loss_implementation: str,
          draft_attn_impl: str, ttt_steps: int, loss_fn: str, num_workers: int | None, max_steps: int | None, device: str,
          gpus: int, trust_remote_code: bool, acceptance_k: int, acceptance_samples: int,
-         warm_start: str, warm_start_vocab: str, seed: int,
+         warm_start: str, warm_start_vocab: str, seed: int, smoke_steps: int,
          extra: tuple[str, ...]) -> None:
     """Train the drafter (EXTRA args go to `speculators train` unchanged)."""
     import torch
@@ -158,13 +192,19 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
     check_loss(loss_implementation, device, torch.__version__)
 
     prep = manifest.require(data, "prepare", f"run the prepare stage (lab run prepare) to fill {data}")
-    hs = manifest.require(hidden_states, "extract", f"run the extract stage (lab run extract) to fill {hidden_states}")
+    if smoke_steps > 0:  # extraction is still writing: no manifest yet, a prefix of the samples is there
+        hs = None
+        data, hidden_states, out_dir = smoke_inputs(data, hidden_states, out_dir)
+        max_steps, acceptance_k, gpus = smoke_steps, 0, 1  # one process: the ranks would share <out>.smoke
+    else:
+        hs = manifest.require(hidden_states, "extract", f"run the extract stage (lab run extract) to fill {hidden_states}")
     voc = manifest.require(vocab, "vocab", f"run the vocab stage (lab run vocab) to fill {vocab}")
-    if hs["params"].get("aux_layers") != aux:
+    if hs is not None and hs["params"].get("aux_layers") != aux:
         raise StageError(f"{hidden_states / manifest.NAME}: extracted with aux layers {hs['params'].get('aux_layers')}, "
                          f"training asked for {aux}: they must agree (a mismatch collapses acceptance to ~1%). "
                          "Fix: use the same aux_layers var for extract and train")
-    if hs["params"].get("data") != prep["fingerprint"] or hs["counts"]["samples"] != prep["counts"]["samples"]:
+    if hs is not None and (hs["params"].get("data") != prep["fingerprint"]
+                           or hs["counts"]["samples"] != prep["counts"]["samples"]):
         raise StageError(f"{hidden_states / manifest.NAME}: hidden states are for other prepared data "
                          f"({hs['counts']['samples']} samples, data {hs['params'].get('data')}; prepared: "
                          f"{prep['counts']['samples']}, {prep['fingerprint']}). Fix: rerun extract")
@@ -185,16 +225,16 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
                              "vocabularies, the verifier's lm_head rows for the new ones), or draft_vocab_size and "
                              "the vocab stage to the drafter's vocabulary, or train from scratch (warm_start: '')")
 
-    params = {"data": prep["fingerprint"], "hidden_states": hs["fingerprint"], "vocab": voc["fingerprint"],
+    params = {"data": prep["fingerprint"], "hidden_states": hs["fingerprint"] if hs else None, "vocab": voc["fingerprint"],
               "aux_layers": aux, "epochs": epochs, "lr": lr, "total_seq_len": total_seq_len,
               "loss": loss_implementation, "loss_fn": loss_fn, "max_steps": max_steps, "ttt_steps": ttt_steps,
               "extra": list(extra), "seed": seed,
               **({"warm_start": {"drafter": warm.fingerprint(drafter), "vocab": "rebuilt" if vocab_differs else "same"}}
                  if drafter else {})}
-    if manifest.is_complete(out_dir, params):
+    if not smoke_steps and manifest.is_complete(out_dir, params):
         click.echo(f"train: {out_dir} is complete ({manifest.read(out_dir)['counts']}); skipping")
         return
-    if int(os.environ.get("RANK", "0")) == 0:
+    if int(os.environ.get("RANK", "0")) == 0 and not smoke_steps:
         moved = manifest.claim(out_dir, "train", params)
         if moved:
             click.echo(f"train: {out_dir} was trained with other inputs or settings; moved to {moved}; "
@@ -213,7 +253,7 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
     attn = draft_attn_impl if draft_attn_impl != "auto" else ("sdpa" if device == "cpu" else "simple_flex_attention")
     workers = num_workers if num_workers is not None else (0 if device == "cpu" else 4)
     # Extraction trimmed rows at the serving length cap: its copy of the rows matches its hs files.
-    rows = hidden_states / hs["extra"]["dataset"] if hs.get("extra", {}).get("dataset") else data
+    rows = hidden_states / hs["extra"]["dataset"] if hs and hs.get("extra", {}).get("dataset") else data
     argv = speculators_argv(model=model, data=rows, hidden_states=hidden_states, vocab=vocab, out=out_dir, aux=aux,
                             draft_vocab_size=draft_vocab_size, epochs=epochs, lr=lr, seq_len=total_seq_len,
                             loss=loss_implementation, attn=attn, workers=workers, max_steps=max_steps,
@@ -244,6 +284,13 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
                                         max_samples=acceptance_samples, echo=lambda m: click.echo(m, err=False))
     train_main(train_cfg)
     if int(os.environ.get("RANK", "0")) != 0:
+        return
+    if smoke_steps:
+        n = _rows(data)
+        click.echo(f"train: smoke passed: {smoke_steps} step(s) of this command on the first {n} samples' hidden "
+                   f"states; the full training will start from the same arguments")
+        import shutil
+        shutil.rmtree(out_dir.parent, ignore_errors=True)  # <out>.smoke: a real target's drafter is GBs
         return
     done = completed_epochs(out_dir)
     if not done:

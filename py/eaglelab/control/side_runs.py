@@ -1,0 +1,148 @@
+"""Start and follow the side jobs of one `lab pipeline` (eaglelab.side_jobs says which and when).
+
+While the pipeline waits on a run, `poll` starts each side job whose trigger is met (the stage it runs
+beside has made enough units), once per pipeline, through `Lab.run(wait=False)`: idempotent like
+any run (a pilot that is up to date is skipped, a running one attached to). It follows them and says
+at once when one ends; a failed smoke is the next stage's failure, found early (the registry's
+`failed` event carries it to the webhooks, the page and `lab status` show it).
+
+Before the pipeline starts stage S, `before(S)` waits for a smoke of S still running and refuses to
+start S when its smoke failed under this very config (the same fingerprint): hours of S would fail
+the same way. The side jobs still running when the pipeline completes are waited for.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TextIO
+
+from eaglelab import side_jobs
+from eaglelab.errors import EaglelabError
+from eaglelab.model import ACTIVE
+
+POLL_S = 2.0
+
+
+class SideRuns:
+    def __init__(self, lab, out: TextIO | None, clock=time.monotonic):
+        self.lab, self.out, self.clock = lab, out, clock
+        self.names = side_jobs.side_jobs(lab.cfg)
+        self.started: dict[str, dict] = {}  # name -> its run record (id None: up to date, not run)
+        self.ended: set[str] = set()
+        self.next_at = 0.0
+
+    def say(self, text: str) -> None:
+        if self.out is not None:
+            print(f"lab: {text}", file=self.out, flush=True)
+
+    # -- starting ----------------------------------------------------------------------------
+
+    def poll(self, current: dict | None = None, force: bool = False) -> None:
+        """Start what is due and report what ended; cheap when called often (every POLL_S at most)."""
+        if not self.names or (not force and self.clock() < self.next_at):
+            return
+        self.next_at = self.clock() + POLL_S
+        for name in self.names:
+            if name in self.started:
+                continue
+            beside = self.lab.cfg.stage(name).during.stage
+            trigger = current if current and current.get("stage") == beside else self.lab.latest(beside)
+            if side_jobs.due(self.lab.cfg, name, trigger):
+                self.start(name, trigger)
+        self.follow()
+
+    def start(self, name: str, trigger: dict) -> None:
+        s = self.lab.cfg.stage(name)
+        made = side_jobs.progress_units(trigger)
+        why = (f"{s.during.stage} has made {made:.0f} unit(s)" if trigger.get("state") in ACTIVE
+               else f"{s.during.stage} is done")
+        self.say(f"starting side job {name} beside {s.during.stage} ({why})")
+        try:
+            # forced: a side job is a cheap check of what is there now (its script skips finished steps)
+            rec = self.lab.run(name, force=True, wait=False, out=self.out or _Null(), reap=False)
+        except EaglelabError as e:  # could not start (preflight, a host away): as good as a failed run
+            rec = {"id": None, "stage": name, "host": s.host, "state": "failed", "error": str(e)}
+            self.say(f"side job {name} could not start: {e}")
+            self.ended.add(name)
+        self.started[name] = rec
+
+    # -- following ---------------------------------------------------------------------------
+
+    def follow(self) -> None:
+        live = {n: r for n, r in self.started.items() if n not in self.ended and r.get("id")}
+        if not live:
+            return
+        self.lab.refresh(sorted({r["host"] for r in live.values()}))
+        for name, rec in live.items():
+            cur = self.lab.registry.get(rec["id"]) or rec
+            self.started[name] = cur
+            if cur["state"] not in ACTIVE:
+                self.ended.add(name)
+                self.report(name, cur)
+
+    def report(self, name: str, run: dict) -> None:
+        s = self.lab.cfg.stage(name)
+        if run["state"] == "completed":
+            self.say(f"side job {name} completed ({run['id']})"
+                     + (f": {s.smoke_of} will start from a command that ran" if s.smoke_of else ""))
+            return
+        why = failure_of(run)
+        if s.smoke_of:
+            self.say(f"{s.smoke_of} WILL FAIL: its smoke test {run['id']} {run['state']} while "
+                     f"{s.during.stage} runs: {why}. `lab logs {run['id']}` shows it; {s.during.stage} goes on")
+        else:
+            self.say(f"side job {name} {run['state']} ({run['id']}): {why}; `lab logs {run['id']}`")
+
+    def running(self) -> list[str]:
+        return [n for n, r in self.started.items() if n not in self.ended and r.get("id")]
+
+    # -- the pipeline's questions --------------------------------------------------------------
+
+    def before(self, stage: str) -> list[str]:
+        """Why `stage` must not start now ([] = it may): its smoke failed under this config."""
+        smoke = side_jobs.smoke_name(stage)
+        if smoke not in self.lab.cfg.stages:
+            return []
+        if smoke in self.running():
+            self.say(f"waiting for {smoke} before starting {stage}")
+            while smoke in self.running():
+                time.sleep(POLL_S)
+                self.follow()
+        latest = self.lab.latest(smoke)
+        if not latest or latest["state"] == "completed" or latest["state"] in ACTIVE:
+            return []
+        if smoke not in self.started:  # a failure of an earlier pipeline counts only under this config
+            try:
+                if latest.get("fingerprint") != self.lab.fingerprint(self.lab.cfg.stage(smoke)):
+                    return []
+            except EaglelabError:
+                return []
+        return [f"its smoke test {latest['id']} {latest['state']} with this config: {failure_of(latest)}; "
+                f"fix it (`lab logs {latest['id']}`), then run the pipeline again"]
+
+    def finish(self) -> None:
+        """The pipeline completed: wait for the side jobs still running (their figures are its)."""
+        while self.running():
+            names = self.running()
+            self.say(f"waiting for side job(s) {', '.join(names)}")
+            while set(names) & set(self.running()):
+                time.sleep(POLL_S)
+                self.follow()
+
+
+def failure_of(run: dict) -> str:
+    """The run's failure in one line: the parsed failure, else its exit."""
+    from eaglelab.model import exit_text
+    if run.get("error"):
+        return str(run["error"])
+    fail = ((run.get("log_state") or {}).get("failure")) or {}
+    text = fail.get("message") or fail.get("reason") if isinstance(fail, dict) else None
+    return str(text or exit_text(run) or run.get("state"))[:400]
+
+
+class _Null:
+    def write(self, s):
+        return len(s)
+
+    def flush(self):
+        pass
