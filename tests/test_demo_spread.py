@@ -31,3 +31,6 @@ def test_demo_over_three_hosts_moves_the_data_and_ends_with_the_full_summary(tmp
     for key in ("coverage", "acceptance_rate", "mean_acceptance_length", "speedup", "verdict"):
         assert headline.get(key) is not None, headline
     assert "transfers moved" in p.stdout
+    fc = doc["summary"]["forecast"]  # the eval's manifest, read on h3 over ssh
+    assert fc["source"] == "eval" and fc["acceptance_rate"] == headline["acceptance_rate"], fc
+    assert "train WILL FAIL" not in p.stdout and "side job smoke-train completed" in p.stdout, p.stdout[-3000:]

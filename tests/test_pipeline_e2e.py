@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-LAB = REPO / "bin" / "lab"
+from demo_lab import REPO, Lab, snapshot
+
 AUX = [1, 2, 3]
 SAMPLES = 64
 DRAFT_V = 128  # the demo profile's draft_vocab_size
@@ -28,60 +27,9 @@ DRAFT_V = 128  # the demo profile's draft_vocab_size
 pytestmark = pytest.mark.timeout(2400)
 
 
-class Lab:
-    def __init__(self, root: Path):
-        self.root, self.conf, self.data = root, root / "conf", root / "data"
-        (self.conf / "profiles").mkdir(parents=True)
-        (self.conf / "lab.yaml").write_text(yaml.safe_dump({
-            "profile": "e2e", "logs_dir": str(root / "logs"),
-            "hosts": {"local": {"reach": "local", "work_dir": str(root / "work"), "repo_dir": str(REPO),
-                                "python": sys.executable, "gpus": 0}}}))
-        (self.conf / "pipeline.yaml").write_text((REPO / "conf" / "pipeline.yaml").read_text())
-        prof = yaml.safe_load((REPO / "conf" / "profiles" / "demo.yaml").read_text())
-        prof["vars"].update({"data": str(self.data), "synth_limit": str(SAMPLES), "epochs": "3",
-                             "extract_concurrency": "1", "port_target": "8210", "port_extract": "8211",
-                             "port_eval": "8212", "eval_limit": "4", "eval_max_tokens": "32"})
-        assert prof["vars"]["eval_concurrency"] == "1 4" and prof["vars"]["eval_repeats"] == "2"  # the demo's sweep
-        (self.conf / "profiles" / "e2e.yaml").write_text(yaml.safe_dump(prof))
-        self.transcript: list[str] = []
-
-    def lab(self, *args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
-        env = dict(os.environ, EAGLELAB_CONF=str(self.conf))
-        env.pop("EAGLELAB_PROFILE", None)
-        p = subprocess.run([str(LAB), *args], capture_output=True, text=True, env=env, timeout=timeout)
-        self.transcript.append(f"$ lab {' '.join(args)} -> {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-        if check and p.returncode != 0:
-            raise AssertionError(f"lab {' '.join(args)} -> {p.returncode}\n{p.stdout[-6000:]}\n{p.stderr[-3000:]}")
-        return p
-
-    def wait_for(self, pred, timeout: float, what: str):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            v = pred()
-            if v:
-                return v
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
-
-    def kill_stage(self, stage: str) -> None:
-        """SIGKILL the running stage's process group at once (no grace), from its meta.json."""
-        metas = sorted((self.root / "work" / "runs").glob(f"{stage}-*/meta.json"))
-        pgid = json.loads(metas[-1].read_text())["pgid"]
-        os.killpg(pgid, 9)
-        self.wait_for(lambda: (metas[-1].parent / "exit.json").exists(), 60, f"{stage}'s exit.json")
-
-    def teardown(self) -> None:
-        for svc in ("serve_target", "serve_extract", "serve_eval", "extract", "train"):
-            self.lab("stop", svc, check=False, timeout=120)
-
-
-def snapshot(files) -> dict[str, tuple[int, int]]:
-    return {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in files}
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    lab = Lab(tmp_path_factory.mktemp("e2e"))
+    lab = Lab(tmp_path_factory.mktemp("e2e"), samples=SAMPLES)
     facts: dict = {}
     try:
         lab.lab("run", "model", "synth")

@@ -60,20 +60,47 @@ def offline_evidence(run: dict) -> dict | None:
             "curve": [[p[0], p[1]] for p in rate], "run": run.get("id"), "stage": run.get("stage")}
 
 
-def eval_evidence(lab, stage_name: str) -> dict | None:
-    """The eval stage's figures from its output manifest (hosts this controller can read)."""
+def eval_evidence(lab, stage_name: str, run_id: str | None = None) -> dict | None:
+    """The eval stage's figures from its output manifest, read on the eval's host (a local file, or one
+    `manifests` round trip over ssh). A finished eval run's figures do not change: kept by run id in
+    <logs_dir>/forecast.json, so `lab status` and the page ask the host once per eval, not per refresh."""
+    memo_path = lab.cfg.logs_dir / STORE
+    if run_id:
+        memo = ((read_json(memo_path) or {}).get("evals") or {}).get(run_id)
+        if isinstance(memo, dict):
+            return memo
     stage = lab.cfg.stage(stage_name)
-    if lab.cfg.host(stage.host).reach != "local":
-        return None
     spec = lab.launch_spec(stage)
+    if lab.cfg.host(stage.host).reach == "local":
+        docs = {out: read_json(Path(spec["cwd"], out) / "manifest.json") for out in spec["outputs"]}
+    else:
+        from eaglelab.errors import EaglelabError
+        ex = lab.executor(stage.host)
+        try:
+            docs = ex.manifests(spec["outputs"], ex.repo_dir())
+        except EaglelabError:
+            return None  # the host is away: the offline forecast stands until it answers
+    found = None
     for out in spec["outputs"]:
-        doc = read_json(Path(spec["cwd"], out) / "manifest.json")
-        extra = (doc or {}).get("extra") or {}
-        if (doc or {}).get("stage") == "eval" and isinstance(extra.get("acceptance_rate"), (int, float)):
-            return {"acceptance_rate": float(extra["acceptance_rate"]),
-                    "mean_acceptance_length": float(extra.get("mean_acceptance_length") or 1.0),
-                    "speedup": extra.get("speedup"), "verdict": extra.get("verdict")}
-    return None
+        doc = docs.get(out) or {}
+        extra = doc.get("extra") or {}
+        if doc.get("stage") == "eval" and isinstance(extra.get("acceptance_rate"), (int, float)):
+            found = {"acceptance_rate": float(extra["acceptance_rate"]),
+                     "mean_acceptance_length": float(extra.get("mean_acceptance_length") or 1.0),
+                     "speedup": extra.get("speedup"), "verdict": extra.get("verdict")}
+            break
+    if found is not None and run_id:
+        store = read_json(memo_path) or {}
+        if isinstance(store, dict):
+            evals = store.setdefault("evals", {})
+            evals[run_id] = found
+            store["evals"] = dict(list(evals.items())[-HISTORY_KEEP:])
+            try:
+                memo_path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(memo_path, store)
+            except OSError:
+                pass
+    return found
 
 
 def _latest(runs: list[dict], pred) -> dict | None:
@@ -102,7 +129,7 @@ def make(lab, status: dict, now: float) -> dict | None:
         started = ts((train or {}).get("started_at")) or 0.0
         if ev_run is None or (train is not None and (ts(ev_run.get("started_at")) or 0.0) < started):
             continue
-        ev = eval_evidence(lab, name)
+        ev = eval_evidence(lab, name, ev_run.get("id"))
         if ev is not None:
             offline = best if best and best["source"] != "eval" else None
             best = {"source": "eval", **ev, "run": ev_run.get("id"), "stage": name,
@@ -127,7 +154,7 @@ def remember(path: Path, forecast: dict | None, now: float) -> dict:
     """Keep made_at stable for the same evidence and pair each train run's forecast with its eval."""
     store = read_json(path) or {}
     if not isinstance(store.get("pipelines"), dict):
-        store = {"schema": 1, "current": None, "pipelines": {}}
+        store = {"schema": 1, "current": None, "pipelines": {}, "evals": store.get("evals") or {}}
     changed = False
     if forecast is not None:
         cur = store.get("current") or {}
