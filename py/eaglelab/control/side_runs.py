@@ -18,6 +18,7 @@ from typing import TextIO
 
 from eaglelab import side_jobs
 from eaglelab.errors import EaglelabError
+from eaglelab.fsutil import parse_iso
 from eaglelab.model import ACTIVE
 
 POLL_S = 2.0
@@ -111,6 +112,10 @@ class SideRuns:
         latest = self.lab.latest(smoke)
         if not latest or latest["state"] == "completed" or latest["state"] in ACTIVE:
             return []
+        mine = self.lab.latest(stage)
+        if mine and (parse_iso(mine.get("started_at")) or 0) > (parse_iso(latest.get("ended_at")) or 0):
+            return []  # the stage itself ran since: its own result says more than the smoke's
+
         if smoke not in self.started:  # a failure of an earlier pipeline counts only under this config
             try:
                 if latest.get("fingerprint") != self.lab.fingerprint(self.lab.cfg.stage(smoke)):
