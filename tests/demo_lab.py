@@ -18,13 +18,13 @@ LAB = REPO / "bin" / "lab"
 
 class Lab:
     def __init__(self, root: Path, vars_: dict | None = None, ports: tuple[int, int, int] = (8210, 8211, 8212),
-                 drop_stages: tuple[str, ...] = (), samples: int = 64):
+                 drop_stages: tuple[str, ...] = (), samples: int = 64, lab_extra: dict | None = None):
         self.root, self.conf, self.data = root, root / "conf", root / "data"
         (self.conf / "profiles").mkdir(parents=True)
         (self.conf / "lab.yaml").write_text(yaml.safe_dump({
             "profile": "e2e", "logs_dir": str(root / "logs"),
             "hosts": {"local": {"reach": "local", "work_dir": str(root / "work"), "repo_dir": str(REPO),
-                                "python": sys.executable, "gpus": 0}}}))
+                                "python": sys.executable, "gpus": 0}}, **(lab_extra or {})}))
         pipe = yaml.safe_load((REPO / "conf" / "pipeline.yaml").read_text())
         prof = yaml.safe_load((REPO / "conf" / "profiles" / "demo.yaml").read_text())
         for name in drop_stages:  # a shorter pipeline: these stages (and the profile's words on them) go

@@ -53,10 +53,21 @@ def reasons(gate, fc: dict | None) -> list[str]:
     return out
 
 
-def current_forecast(lab, now: float | None = None) -> dict | None:
-    """The forecast from the registry as it is (no host round trip), remembered with its time."""
+def current_forecast(lab, now: float | None = None, starting: str | None = None) -> dict | None:
+    """The forecast from the registry as it is (no host round trip), remembered with its time.
+    starting: a stage about to start; its own earlier runs under another config are left out (a
+    drafter stopped for lr 1e-9 says nothing of the run with the lr fixed; under the same config it
+    does, and keeps a stopped stage from starting again)."""
     now = now or time.time()
-    fc = forecast.make(lab, {"runs": lab.registry.runs()}, now)
+    runs = lab.registry.runs()
+    if starting is not None and any(r.get("stage") == starting for r in runs):
+        try:
+            fp = lab.fingerprint(lab.cfg.stage(starting))
+        except Exception:  # noqa: BLE001 - unknown fingerprint: keep the evidence (the stricter choice)
+            fp = None
+        if fp is not None:
+            runs = [r for r in runs if r.get("stage") != starting or r.get("fingerprint") == fp]
+    fc = forecast.make(lab, {"runs": runs}, now)
     try:
         forecast.remember(lab.cfg.logs_dir / forecast.STORE, fc, now)
     except (OSError, ValueError):
@@ -64,12 +75,12 @@ def current_forecast(lab, now: float | None = None) -> dict | None:
     return fc
 
 
-def check(lab, stage: str, now: float | None = None) -> list[str]:
+def check(lab, stage: str, now: float | None = None, starting: bool = False) -> list[str]:
     """Why stage's gate fails now ([] without a gate, when it passes, or with --ignore-gates)."""
     gate = lab.cfg.pipeline.gates.get(stage)
     if gate is None or getattr(lab, "ignore_gates", False):
         return []
-    return reasons(gate, current_forecast(lab, now))
+    return reasons(gate, current_forecast(lab, now, starting=stage if starting else None))
 
 
 def notify(lab, stage: str, why: list[str], run: dict | None, out: TextIO | None) -> None:
@@ -87,7 +98,7 @@ def notify(lab, stage: str, why: list[str], run: dict | None, out: TextIO | None
 
 def blocked(lab, stage: str, out: TextIO | None) -> dict | None:
     """Before a stage starts: the pipeline's failed record when its gate fails, else None."""
-    why = check(lab, stage)
+    why = check(lab, stage, starting=True)
     if not why:
         return None
     notify(lab, stage, why, None, out)
