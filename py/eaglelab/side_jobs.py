@@ -22,7 +22,7 @@ def smoke_name(stage: str) -> str:
 
 def add_smoke_stages(cfg) -> list[str]:
     """Add `smoke-S` for every stage S with `smoke:` (in place); their names."""
-    from .config import DuringConfig, StageConfig
+    from .config import DuringConfig, PriorConfig, StageConfig
     from .placement import shared
 
     added = []
@@ -41,6 +41,8 @@ def add_smoke_stages(cfg) -> list[str]:
             # gpus=0: a smoke never stops the running stage's service for its GPUs (a profile whose GPUs
             # are all held then gives the smoke `--device cpu` in its args)
             host=host, command=[*s.command, *s.smoke.args], env={**s.env, **s.smoke.env}, gpus=0,
+            # a first-run ETA of its own (a smoke is short; it runs beside, so it never moves the pipeline's)
+            prior=PriorConfig(unit="items", expected=1, per_s=1, fixed_s=60),
             stop_grace_s=s.stop_grace_s, during=DuringConfig(stage=s.smoke.during, after=s.smoke.after, late=False),
             description=f"smoke test of {name}: its command + {' '.join(s.smoke.args)}, on {s.smoke.during}'s "
                         f"first outputs while {s.smoke.during} runs")
