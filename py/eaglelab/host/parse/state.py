@@ -374,6 +374,8 @@ class LogState:
         there is no bar or the last is a sub-bar done (checkpoint shards written) while training
         counts steps: then training's steps, else the unfinished bar the finished one ran inside."""
         steps = self.training
+        if cur is not None and steps.step is not None and follower(cur.prefix):
+            cur = None  # a replica rank's bar (the only bar so far): rank 0's steps say more
         if not self._ended and steps.step is not None and not steps.finished and (
                 cur is None or cur.finished and steps.total is not None):
             return _steps_progress(steps, self.bar_eta)  # an unfinished bar is where training is
