@@ -304,7 +304,7 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
                             + (["--from-pretrained", str(drafter)] if drafter is not None else []) + list(extra))
     if (gpus > 1 if use_torchrun is None else use_torchrun) and not under_torchrun:
         cmd = torchrun_argv(gpus, out_dir, sys.argv[1:])
-        click.echo(f"train: relaunching under torchrun on {gpus} {'processes (gloo)' if device == 'cpu' else 'GPUs'}: "
+        click.echo(f"train: relaunching under torchrun on {gpus} {'processes (gloo)' if device == 'cpu' else 'GPU(s)'}: "
                    f"{' '.join(cmd[1:7])} ...")
         sys.stdout.flush()
         os.execvp(cmd[0], cmd)

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 _DOCKER_TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)\s"
 # `(Name k=v, k=v)`: a name, then at least one key=value; or `(pid=123)` as older Ray prints.
 _PAREN = r"\((?:[A-Za-z_][\w.:-]*\s+)?[A-Za-z_]\w*=[^()\s,]*(?:,?\s*[A-Za-z_]\w*=[^()\s,]*)*\)\s?"
-_RANK = r"\[(?:rank|default|local_rank)\d+\]:\s?"
+# torchrun's --tee header is `[default0]:` with nothing after it: what follows is the message's own
+# (Rich's 11-space blank time column must keep all 11). `[rank0]: ` is followed by a separator.
+_RANK = r"\[(?:rank|local_rank)\d+\]:\s?|\[default\d+\]:"
 _MPI = r"\[\d+,\d+\]<std(?:out|err)>:\s?"
 _SRUN = r"\d{1,4}: "
 # A workflow engine's task header: time, `[run/step/task (pid N)]`, an optional `[uuid]`.
