@@ -7,19 +7,21 @@
   rank 0's steps;
 - the extract stage with --world-size 2 --rank all runs one process per shard: the merged manifest
   is whole, the stage's one bar (sum of the shards') only moves forward and reaches the total, a
-  shard that fails midway is named with its last lines, and a rerun redoes only the samples each
-  shard lacks.
+  shard that fails midway is named with its last lines, and after a SIGKILL midway (a shard blocked
+  on a fifo in place of its next file) the rerun redoes only the samples each shard lacks.
 
 Real parts throughout: the tiny model, prepare, extraction, speculators 0.9.0, torch.distributed.
-~2-3 min on 2 shared cores (the inputs ~50 s, training ~25 s, each extraction run ~30 s)."""
+~4-5 min on 2 shared cores (the inputs ~50 s, training ~25 s, each of 4 extraction runs ~30 s)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,38 +141,74 @@ def test_sharded_extraction_on_one_host(data, tmp_path):
     assert all(a <= b for a, b in zip(counts, counts[1:])) and counts[-1] == n, counts
 
 
-def test_a_shard_failing_midway_is_named_and_the_rerun_redoes_only_what_it_lacks(data, tmp_path):
-    out, log = tmp_path / "hs", tmp_path / "extract.log"
-    out.mkdir()
+def rank1_order(data) -> list[int]:
+    """Rank 1's samples in the order it works through them (longest first, as run_transformers)."""
     from datasets import load_from_disk
 
     lens = load_from_disk(str(data["prepared"]))["seq_len"]
-    mine = sorted(shard_of(data, 1), key=lambda i: -int(lens[i]))  # the order rank 1 works in
-    blocked = mine[len(mine) // 2]
+    return sorted(shard_of(data, 1), key=lambda i: -int(lens[i]))
+
+
+def test_a_shard_failing_midway_is_named_with_its_last_lines(data, tmp_path):
+    out, log = tmp_path / "hs", tmp_path / "extract.log"
+    out.mkdir()
+    order = rank1_order(data)
+    blocked = order[len(order) // 2]
     (out / f".hs_{blocked}.safetensors.tmp").mkdir()  # its write fails: rank 1 dies half way
     p = extract(data, out, log, "--writer-threads", "0")
     text = log.read_text(errors="replace")
     assert p.returncode != 0
     assert "rank 1 failed (exit 1); its last lines:" in text and "rank 0 failed" not in text, text[-3000:]
     assert re.search(r"\[rank1\]: .*(IsADirectoryError|Is a directory)", text), text[-3000:]
+    assert re.search(r"^    \[rank1\]: .*Is a directory", text, re.M), text[-3000:]  # in the parent's error
     assert manifest.read(out, "manifest.rank0.json") is not None and manifest.read(out) is None
-    before = files(out)
-    left = [i for i in shard_of(data, 1) if f"hs_{i}.safetensors" not in before]
-    assert 0 < len(left) < len(mine) and blocked in left
+    assert sorted(files(out)) == sorted(f"hs_{i}.safetensors" for i in shard_of(data, 0) + order[:len(order) // 2])
 
-    (out / f".hs_{blocked}.safetensors.tmp").rmdir()
+
+def test_killed_midway_the_rerun_redoes_only_what_each_shard_lacks(data, tmp_path):
+    out, log = tmp_path / "hs", tmp_path / "extract.log"
+    out.mkdir()
+    order = rank1_order(data)
+    k = len(order) // 2
+    fifo = out / f".hs_{order[k]}.safetensors.tmp"
+    os.mkfifo(fifo)  # rank 1's write of its k-th sample blocks (no reader): killed there, midway
+    env = dict(os.environ, PYTHONPATH=str(REPO / "py"), COLUMNS="1000", PYTHONUNBUFFERED="1")
+    argv = [sys.executable, "-m", "eaglelab.stages.extract", "--backend", "transformers", "--device", "cpu",
+            "--model", str(data["model"]), "--data", str(data["prepared"]), "--out", str(out),
+            "--aux-layers", foresight_data.AUX, "--world-size", "2", "--rank", "all", "--writer-threads", "0"]
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        def midway() -> bool:
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            return (out / "manifest.rank0.json").exists() and all((out / f"hs_{i}.safetensors").exists()
+                                                                  for i in order[:k])
+        for _ in range(3000):  # polls, not a time limit on the stage: it blocks at the fifo for good
+            if midway():
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"never got midway: {log.read_text(errors='replace')[-3000:]}")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole group, as `lab stop` ends with
+        proc.wait()
+    fifo.unlink()
+    before = files(out)
+    assert sorted(before) == sorted(f"hs_{i}.safetensors" for i in shard_of(data, 0) + order[:k])
+    assert manifest.read(out) is None
+
     p = extract(data, out, log)
     text = log.read_text(errors="replace")
     assert p.returncode == 0, text[-4000:]
-    assert f"[rank1]: extract: Processing {len(left)} samples" in text
+    assert f"[rank1]: extract: Processing {len(order) - k} samples" in text
     assert "[rank0]: extract: Processing" not in text and re.search(r"\[rank0\]: extract: .* is complete", text)
     after = files(out)
-    assert {k: v for k, v in after.items() if k in before} == before  # nothing done was redone
+    assert {name: after[name] for name in before} == before  # nothing done was redone: same inode, same mtime
     n = manifest.read(data["prepared"])["counts"]["samples"]
     assert len(after) == n and manifest.read(out)["counts"]["samples"] == n
     bar = extraction_bar(log.read_bytes())
     counts = [b["n"] for b in bar]
-    assert counts[0] >= n - len(left) and counts[-1] == n and all(a <= b for a, b in zip(counts, counts[1:]))
-    assert json.dumps(bar[-1]["postfix"]) and bar[-1]["postfix"] == {"r0": f"{n - len(shard_of(data, 1))}/"
-                                                                           f"{n - len(shard_of(data, 1))}",
-                                                                     "r1": f"{len(mine)}/{len(mine)}"}
+    assert counts[0] == n - (len(order) - k) and counts[-1] == n, counts
+    assert all(a <= b for a, b in zip(counts, counts[1:])), counts
+    r0 = len(shard_of(data, 0))
+    assert bar[-1]["postfix"] == {"r0": f"{r0}/{r0}", "r1": f"{len(order)}/{len(order)}"}
