@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from eaglelab.host.parse.state import LogState
 from eaglelab.host.tail.frames import FrameSplitter
 from eaglelab.host.tail.whole import bar_eta
@@ -81,3 +83,29 @@ def test_a_finished_sub_bar_does_not_replace_the_unfinished_bar_it_ran_in():
     sp.feed(text.encode())
     st.end_of_log()
     assert st.snapshot()["progress"]["label"] == "Writing model shards"
+
+
+def _two_ranks(prefix: str) -> str:
+    """A trainer that logs on every rank (HF/Lightning-style), rank 1 a step behind rank 0, under a
+    launcher's prefix; rank 1 also announces a plan of its own (its shard's steps)."""
+    p0, p1 = prefix.format(0), prefix.format(1)
+    log = [f"{p0}train: plan: 2 epochs x 4 steps per epoch\n", f"{p1}train: plan: 2 epochs x 3 steps per epoch\n"]
+    for gs in range(8):
+        log.append(f"{p0}[10:00:{10 + 2 * gs:02d}] INFO     train/loss=1.0, epoch={gs // 4}, global_step={gs}\n")
+        if gs:
+            log.append(f"{p1}[10:00:{11 + 2 * gs:02d}] INFO     train/loss=2.0, epoch={(gs - 1) // 4}, "
+                       f"global_step={gs - 1}\n")
+        log.append(f"{p1}Epoch 0:  {10 * gs}%|#   | {gs}/9 [00:0{gs}<00:09, 1.00it/s]\n")
+    return "".join(log)
+
+
+@pytest.mark.parametrize("prefix", ["[default{}]:", "[rank{}]: ", "[local_rank{}]:", "{}: ", "[1,{}]<stdout>:"])
+def test_rank_0_alone_drives_the_progress_of_a_distributed_training(prefix):
+    snaps = live(_two_ranks(prefix))
+    steps = [s["training"]["step"] for s in snaps if s.get("training")]
+    assert steps == sorted(steps) and steps[-1] == 8, steps  # never back to rank 1's step
+    assert snaps[-1]["training"]["total_steps"] == 8  # rank 0's plan, not rank 1's
+    progress = [s["progress"] for s in snaps if s["progress"]]
+    assert all(p["label"] == "training steps" for p in progress[2:]), [p["label"] for p in progress]
+    assert [x for _, x in snaps[-1]["metrics"]["train/loss"]] == [1.0] * 8  # rank 0's curve alone
+    assert any(b["prefix"] == prefix.format(1).strip() for b in snaps[-1]["progress_bars"])  # kept, not shown

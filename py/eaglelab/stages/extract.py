@@ -32,7 +32,7 @@ import click
 from .. import manifest
 from ..errors import StageError
 from ..fsutil import read_json
-from . import common
+from . import common, shards
 from .serve import SERVER_INFO, extraction_layers
 
 
@@ -501,15 +501,19 @@ def run_vllm(endpoint: str, data: Path, out: Path, max_samples: int | None, conc
               help="the serving max_model_len: longer samples are trimmed to max_model_len - 1 tokens "
                    "(vllm: default the server's; transformers: default no cap)")
 @click.option("--max-samples", type=int, default=None)
-@click.option("--world-size", default=1, show_default=True, help="hosts sharing the extraction")
-@click.option("--rank", default=0, show_default=True, help="this host's index in [0, world-size)")
+@click.option("--world-size", default=1, show_default=True,
+              help="shards of the extraction (GPUs, over every host taking part)")
+@click.option("--rank", "rank_arg", default="0", show_default=True,
+              help="the shard(s) run here: R (this process), 'all' (every shard, one process per GPU of "
+                   "this host), A-B (shards A..B here, one process each)")
+@click.option("--spawned", is_flag=True, hidden=True, help="a shard started by --rank all/A-B (its parent merges)")
 def main(backend: str, model: Path, data: Path, out_dir: Path, aux_layers: str, endpoint: str,
          server_hidden_states_path: Path | None, concurrency: int, request_timeout: float, device: str,
          batch_size: int, writer_threads: int, forward_only: bool, pad_multiple: int, max_model_len: int | None,
-         max_samples: int | None, world_size: int, rank: int) -> None:
+         max_samples: int | None, world_size: int, rank_arg: str, spawned: bool) -> None:
     """Extract the target's hidden states for the prepared samples."""
-    if not 0 <= rank < world_size:
-        raise StageError(f"--rank {rank}: must be in [0, --world-size {world_size})")
+    local_ranks = shards.parse_ranks(rank_arg, world_size)
+    rank = local_ranks[0]
     cfg = common.model_config(model)
     n_layers, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
     aux = common.parse_layers(aux_layers, "--aux-layers") if aux_layers else common.default_aux_layers(n_layers)
@@ -529,6 +533,13 @@ def main(backend: str, model: Path, data: Path, out_dir: Path, aux_layers: str, 
               "world_size": world_size}
     if trims:  # only then: outputs without any trimmed row keep their fingerprint
         params["trim_to"] = max_model_len - 1
+    if len(local_ranks) > 1:
+        if manifest.is_complete(out_dir, params):
+            click.echo(f"extract: {out_dir} is complete ({manifest.read(out_dir)['counts']}); skipping")
+            return
+        run_shards(out_dir, params, dataset, trims, local_ranks, world_size, max_samples,
+                   cuda=backend == "transformers" and common.resolve_device(device) == "cuda")
+        return
     rank_name = manifest.NAME if world_size == 1 else f"manifest.rank{rank}.json"
     if manifest.is_complete(out_dir, params, rank_name):
         click.echo(f"extract: {out_dir} is complete ({manifest.read(out_dir, rank_name)['counts']}); skipping")
@@ -591,8 +602,40 @@ def main(backend: str, model: Path, data: Path, out_dir: Path, aux_layers: str, 
                                    if trims else {})})
     click.echo(f"extract: Saved {len(todo)} new data points to {out_dir}; {len(mine)} in all, "
                f"{doc['total_bytes'] / 1e6:.1f} MB (manifest {doc['fingerprint']})")
+    if spawned:  # the parent merges, and says when the whole stage is complete
+        click.echo(f"extract: rank {rank} finished its shard")
+        return
     if world_size > 1:
         merge_ranks(out_dir, world_size, params, len(dataset), max_samples)
+    click.echo("extract: Data generation complete!")
+
+
+def run_shards(out_dir: Path, params: dict, dataset, trims: dict[int, int], local_ranks: list[int],
+               world_size: int, max_samples: int | None, cuda: bool) -> None:
+    """--rank all / A-B: every local shard in a process of its own (eaglelab.stages.shards)."""
+    every = len(local_ranks) == world_size  # all of them here: no other host writes into out_dir
+    moved = manifest.claim(out_dir, "extract", params, may_move=every)
+    if moved:
+        click.echo(f"extract: {out_dir} held hidden states of other data or layers; moved to {moved} "
+                   "(delete it to free the disk)")
+    if trims:  # once, before the shards start (each would otherwise make the same copy)
+        write_trimmed_dataset(dataset, trims, out_dir)
+    names = {e.name for e in os.scandir(out_dir)}
+    parts = []
+    for r in local_ranks:
+        mine = rank_indices(len(dataset), max_samples, world_size, r)
+        parts.append(shards.Shard(r, len(mine), base=sum(hs_path(out_dir, i).name in names for i in mine)))
+    click.echo(f"extract: {len(parts)} shards of {world_size} on this host (ranks {local_ranks[0]}-{local_ranks[-1]}), "
+               f"{sum(p.total for p in parts)} samples, {sum(p.base for p in parts)} already done")
+    shards.run_local_shards(shards.without_rank(sys.argv[1:]), parts, cuda)
+    merge_ranks(out_dir, world_size, params, len(dataset), max_samples)
+    if not every:
+        click.echo(f"extract: ranks {local_ranks[0]}-{local_ranks[-1]} finished")
+        return
+    if not manifest.is_complete(out_dir, params):
+        raise StageError(f"{out_dir}: every shard exited 0 but the merged manifest is not complete; "
+                         "run the stage again (each shard redoes only what it lacks)")
+    click.echo(f"extract: all {world_size} shards finished; {manifest.read(out_dir)['counts']}")
     click.echo("extract: Data generation complete!")
 
 

@@ -51,6 +51,30 @@ def cpu_patches() -> None:
         self.device_type = "cpu"  # autocast("cuda") would be a no-op with a warning on CPU
 
     trainer.Trainer.__init__ = init_on_cpu
+    cpu_process_group()
+
+
+def cpu_process_group() -> None:
+    """Under torchrun on CPU (train_gpus > 1 with --device cpu, as CI runs it): speculators'
+    `maybe_setup_distributed` selects the accelerator (`set_device_index(local_rank)`, fails with
+    none) and its backend; do the same bookkeeping with the gloo backend instead. DDP then wraps
+    the CPU model (no device_ids) and all-reduces gradients over gloo."""
+    import torch.distributed as dist
+    import speculators.train.cli as cli
+    import speculators.train.distributed as sd
+
+    original = cli.maybe_setup_distributed
+
+    def setup_gloo(sp_size: int = 1) -> None:
+        if "LOCAL_RANK" not in os.environ:
+            return original(sp_size)
+        sd._local_rank = int(os.environ["LOCAL_RANK"])
+        sd._is_distributed = True
+        dist.init_process_group("gloo")
+        sd._rank, sd._world_size = dist.get_rank(), dist.get_world_size()
+        sd._init_sp_process_groups(sd._rank, sd._world_size, sp_size)
+
+    cli.maybe_setup_distributed = setup_gloo
 
 
 def announce_plan() -> None:
@@ -70,6 +94,18 @@ def announce_plan() -> None:
         return original(self, *a, **k)
 
     trainer.Trainer.run_training = run_training
+
+
+TORCHRUN_LOGS = "logs/torchrun"  # under --out: each rank's whole stdout/stderr, as torchrun's --tee keeps it
+
+
+def torchrun_argv(nproc: int, out_dir: Path, stage_args: list[str]) -> list[str]:
+    """This stage again under torchrun, one process per GPU of this host. `--tee 3` copies every
+    rank's stdout and stderr to the console, each line prefixed `[default<rank>]:` (the parser strips
+    it and takes the training progress from rank 0's lines alone), and to a file per rank under
+    <out>/logs/torchrun."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "--tee", "3", "--log-dir", str(out_dir / TORCHRUN_LOGS), "-m", "eaglelab.stages.train", *stage_args]
 
 
 def completed_epochs(save_path: Path) -> list[int]:
@@ -164,6 +200,8 @@ def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Pat
 @click.option("--max-steps", default=None, type=int, help="stop after this many optimizer steps (smoke runs)")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--gpus", default=1, show_default=True, help=">1: relaunch under torchrun with this many processes")
+@click.option("--torchrun/--no-torchrun", "use_torchrun", default=None,
+              help="relaunch under torchrun even for --gpus 1 (default: only when --gpus > 1)")
 @click.option("--trust-remote-code/--no-trust-remote-code", default=False, help="the verifier needs custom code")
 @click.option("--acceptance-k", default=3, show_default=True,
               help="estimate each checkpoint's acceptance offline for this many speculative tokens (0: off)")
@@ -179,7 +217,7 @@ def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Pat
 def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Path, aux_layers: str,
          draft_vocab_size: int, epochs: int, lr: float, total_seq_len: int, loss_implementation: str,
          draft_attn_impl: str, ttt_steps: int, loss_fn: str, num_workers: int | None, max_steps: int | None, device: str,
-         gpus: int, trust_remote_code: bool, acceptance_k: int, acceptance_samples: int,
+         gpus: int, use_torchrun: bool | None, trust_remote_code: bool, acceptance_k: int, acceptance_samples: int,
          warm_start: str, warm_start_vocab: str, seed: int, smoke_steps: int,
          extra: tuple[str, ...]) -> None:
     """Train the drafter (EXTRA args go to `speculators train` unchanged)."""
@@ -195,7 +233,7 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
     if smoke_steps > 0:  # extraction is still writing: no manifest yet, a prefix of the samples is there
         hs = None
         data, hidden_states, out_dir = smoke_inputs(data, hidden_states, out_dir)
-        max_steps, acceptance_k, gpus = smoke_steps, 0, 1  # one process: the ranks would share <out>.smoke
+        max_steps, acceptance_k, gpus, use_torchrun = smoke_steps, 0, 1, False  # one process: ranks would share <out>.smoke
     else:
         hs = manifest.require(hidden_states, "extract", f"run the extract stage (lab run extract) to fill {hidden_states}")
     voc = manifest.require(vocab, "vocab", f"run the vocab stage (lab run vocab) to fill {vocab}")
@@ -234,20 +272,23 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
     if not smoke_steps and manifest.is_complete(out_dir, params):
         click.echo(f"train: {out_dir} is complete ({manifest.read(out_dir)['counts']}); skipping")
         return
-    if int(os.environ.get("RANK", "0")) == 0 and not smoke_steps:
+    under_torchrun = "LOCAL_RANK" in os.environ
+    lead = int(os.environ.get("RANK", "0")) == 0  # rank 0, or the one process: it alone says and writes
+    if not under_torchrun and not smoke_steps:  # once, before torchrun's ranks start: they must not race on the directory
         moved = manifest.claim(out_dir, "train", params)
         if moved:
             click.echo(f"train: {out_dir} was trained with other inputs or settings; moved to {moved}; "
                        "training afresh")
     if drafter is not None:
-        if "LOCAL_RANK" not in os.environ:  # once, before torchrun's ranks start (they read it)
+        if not under_torchrun:  # once, before torchrun's ranks start (they read it)
             warm.stage(drafter, vocab, model, out_dir / warm.STAGED, rebuild=bool(vocab_differs))
             if vocab_differs:
                 click.echo(f"train: warm start drafter rebuilt for this vocabulary ({vocab_differs})")
-        click.echo(f"train: warm start from {drafter} (staged in {out_dir / warm.STAGED})")
+        if lead:
+            click.echo(f"train: warm start from {drafter} (staged in {out_dir / warm.STAGED})")
         drafter = out_dir / warm.STAGED
     before = completed_epochs(out_dir)
-    if before:
+    if before and lead:
         click.echo(f"train: resuming after epoch {before[-1]} (checkpoints {before} in {out_dir})")
 
     attn = draft_attn_impl if draft_attn_impl != "auto" else ("sdpa" if device == "cpu" else "simple_flex_attention")
@@ -261,10 +302,11 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
                             extra=["--loss-fn", loss_fn, "--seed", str(seed)]
                             + (["--trust-remote-code"] if trust_remote_code else [])
                             + (["--from-pretrained", str(drafter)] if drafter is not None else []) + list(extra))
-    if gpus > 1 and "LOCAL_RANK" not in os.environ:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
-               "-m", "eaglelab.stages.train", *sys.argv[1:]]
-        click.echo(f"train: relaunching under torchrun on {gpus} GPUs")
+    if (gpus > 1 if use_torchrun is None else use_torchrun) and not under_torchrun:
+        cmd = torchrun_argv(gpus, out_dir, sys.argv[1:])
+        click.echo(f"train: relaunching under torchrun on {gpus} {'processes (gloo)' if device == 'cpu' else 'GPU(s)'}: "
+                   f"{' '.join(cmd[1:7])} ...")
+        sys.stdout.flush()
         os.execvp(cmd[0], cmd)
 
     if device == "cpu":
@@ -274,7 +316,8 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
 
-    click.echo(f"train: speculators train {' '.join(argv)}")
+    if lead:
+        click.echo(f"train: speculators train {' '.join(argv)}")
     train_cfg = TrainConfig.resolve(argv)
     if acceptance_k > 0:
         from . import acceptance

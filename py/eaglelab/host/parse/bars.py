@@ -49,10 +49,13 @@ class BarBook:
         self.bars: dict[tuple[str, str], BarTrack] = {}
         self.current: BarTrack | None = None
 
-    def observe(self, p: Progress, line: int, now: float | None, line_ts: float | None = None) -> tuple[BarTrack, bool]:
+    def observe(self, p: Progress, line: int, now: float | None, line_ts: float | None = None,
+                lead: bool = True) -> tuple[BarTrack, bool]:
         """Record p; returns its track and whether it moved on (n changed, or a new bar).
 
-        line_ts: the line's own timestamp (epoch seconds), the bar's clock when it prints no elapsed."""
+        line_ts: the line's own timestamp (epoch seconds), the bar's clock when it prints no elapsed.
+        lead=False (a launcher rank other than 0): the bar is kept but becomes the current one only
+        while no other is, so two ranks' interleaved bars cannot make the progress jump."""
         key = (p.prefix, p.label)
         track = self.bars.get(key)
         if track is None:
@@ -66,7 +69,8 @@ class BarBook:
             if p.n == prev.n and p.elapsed_s == prev.elapsed_s and p.total == prev.total:
                 track.latest = p  # tqdm's duplicated final line, or a redraw: nothing new
                 track.last_line = line
-                self.current = track
+                if lead or self.current is None:
+                    self.current = track
                 return track, False
             if p.n < prev.n or (p.elapsed_s is not None and prev.elapsed_s is not None and p.elapsed_s < prev.elapsed_s):
                 track.history.clear()  # the same bar started over (next epoch, a retry)
@@ -87,7 +91,8 @@ class BarBook:
         track.history.append((p.n, p.total, elapsed, p.rate_s_per_it))
         if len(track.history) > MAX_HISTORY:
             track.history = track.history[::2]
-        self.current = track
+        if lead or self.current is None:
+            self.current = track
         return track, advanced
 
     def _forget_one(self) -> None:

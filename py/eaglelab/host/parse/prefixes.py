@@ -6,7 +6,8 @@ torchrun's `--tee`/log redirects write `[rank3]: ` or `[default0]:`; `srun --lab
 mpirun `--tag-output` writes `[1,0]<stdout>:`; `docker logs -t` puts an RFC 3339 timestamp first;
 workflow engines (Metaflow) write `2023-04-29 06:01:12.977 [177/train/578 (pid 28936)] [uuid] `.
 They can be stacked (`[rank0]: (Worker pid=1) ...`). Recognizers see the bare message; the
-prefix tells which process said it (to keep interleaved progress bars apart).
+prefix tells which process said it (to keep interleaved progress bars apart), and a launcher rank
+other than 0 (`follower`) never drives the stage's progress: its bars are kept, its steps ignored.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 _DOCKER_TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)\s"
 # `(Name k=v, k=v)`: a name, then at least one key=value; or `(pid=123)` as older Ray prints.
 _PAREN = r"\((?:[A-Za-z_][\w.:-]*\s+)?[A-Za-z_]\w*=[^()\s,]*(?:,?\s*[A-Za-z_]\w*=[^()\s,]*)*\)\s?"
-_RANK = r"\[(?:rank|default|local_rank)\d+\]:\s?"
+# torchrun's --tee header is `[default0]:` with nothing after it: what follows is the message's own
+# (Rich's 11-space blank time column must keep all 11). `[rank0]: ` is followed by a separator.
+_RANK = r"\[(?:rank|local_rank)\d+\]:\s?|\[default\d+\]:"
 _MPI = r"\[\d+,\d+\]<std(?:out|err)>:\s?"
 _SRUN = r"\d{1,4}: "
 # A workflow engine's task header: time, `[run/step/task (pid N)]`, an optional `[uuid]`.
@@ -29,6 +32,22 @@ _DIGIT_RE = re.compile(f"(?:(?P<ts>{_DOCKER_TS})|(?P<proc>{_SRUN}|{_WORKFLOW}))"
 for _d in "0123456789":
     _BY_FIRST[_d] = _DIGIT_RE
 _FIRST = frozenset(_BY_FIRST)
+
+
+# The rank a launcher's tag names: torchrun's `[rank3]:` / `[default3]:` / `[local_rank3]:`, mpirun's
+# `[1,3]<stdout>:`, srun --label's `3: `.
+_RANK_OF = re.compile(r"\[(?:rank|default|local_rank)(?P<a>\d+)\]:|\[\d+,(?P<b>\d+)\]<std|(?P<c>\d{1,4}):(?:\s|$)")
+
+
+def follower(prefix: str) -> bool:
+    """Whether prefix (as split_prefix returns it) names a launcher rank other than 0: a replica's
+    output (torchrun's rank 1 of a DDP training repeats rank 0's steps), which must not move the
+    stage's progress, whose figures rank 0 gives. vLLM's worker tags (`(Worker_TP1 pid=3)`) are not
+    launcher ranks and do not count."""
+    if not prefix or prefix[0] not in "[0123456789":
+        return False
+    m = _RANK_OF.match(prefix)
+    return m is not None and int(m.group("a") or m.group("b") or m.group("c")) != 0
 
 
 @dataclass(slots=True)  # not frozen: built for every line, and frozen init is slow

@@ -18,7 +18,7 @@ from .ansi import strip_ansi
 from .bars import BarBook, BarTrack, line_timestamp
 from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, TRAIN_PLAN, TRAIN_STEP, Event
 from .failures import GENERIC, Candidate, FailureRecognizer
-from .prefixes import split_prefix
+from .prefixes import follower, split_prefix
 from .progress import parse_bar, split_glued
 from .records import LogClock, parse_record
 from .stall import check_stall
@@ -31,6 +31,7 @@ MAX_POINTS = 1000  # per metric; past it every other point goes (the curve keeps
 FAILURE_GRACE_S = 30.0  # live: a failure line with no exit yet is only "suspected" this long
 _RECOGNIZERS = (markers.recognize, vllm.recognize, speculators.recognize, training.recognize)
 _BAR_PHASES = {**vllm.BAR_PHASES, **speculators.BAR_PHASES}
+_LEAD_ONLY = frozenset((TRAIN_STEP, TRAIN_PLAN))
 _MOVING = frozenset((METRIC, PHASE_START, PHASE_END, READY, TRAIN_STEP))
 
 
@@ -145,9 +146,11 @@ class LogState:
                 break
         if events:
             moved = False  # a metric, a phase, readiness: the process shows it goes on
+            lead = not prefix or not follower(prefix)
             for ev in events:
                 if ev.kind == METRIC:  # most events of a training log: kept short
-                    self._add_metric(ev.name, float(ev.value), ev.step)
+                    if lead:  # a replica rank's metrics would interleave with rank 0's curve
+                        self._add_metric(ev.name, float(ev.value), ev.step)
                     moved = True
                 else:
                     self._on_event(ev, prefix, lineno, now)
@@ -163,8 +166,9 @@ class LogState:
         if p.elapsed_s is None:  # (tqdm's `[?<?]`): the line's own timestamp is the bar's clock
             ts = line_timestamp(strip_ansi(text))
             line_ts = ts[0] if ts else None
-        track, advanced = self.bars.observe(p, lineno, now, line_ts)
-        epoch_bar = training.EPOCH_BAR_RE.match(p.label) if p.label.startswith("Epoch ") else None
+        lead = not follower(p.prefix)
+        track, advanced = self.bars.observe(p, lineno, now, line_ts, lead)
+        epoch_bar = training.EPOCH_BAR_RE.match(p.label) if lead and p.label.startswith("Epoch ") else None
         if epoch_bar is not None and self.training.source != "steps":
             self.training.epoch_bar(int(epoch_bar.group("e")), p.n, p.total, p.elapsed_s, lineno, now)
         if self.on_bar is not None:
@@ -201,6 +205,8 @@ class LogState:
             self.stats_message = ev.message
         elif kind == FAILURE:
             self._add_candidate(Candidate(ev.name, ev.message, lineno, prefix, True), now)
+        elif kind in _LEAD_ONLY and follower(prefix):
+            return  # rank N > 0 of a distributed training: rank 0's steps and plan are the stage's
         elif kind == TRAIN_STEP:
             clock = ("log", self._log_t) if self._log_t is not None else ("read", now) if now is not None else None
             self.training.source = "steps"
@@ -368,6 +374,8 @@ class LogState:
         there is no bar or the last is a sub-bar done (checkpoint shards written) while training
         counts steps: then training's steps, else the unfinished bar the finished one ran inside."""
         steps = self.training
+        if cur is not None and steps.step is not None and follower(cur.prefix):
+            cur = None  # a replica rank's bar (the only bar so far): rank 0's steps say more
         if not self._ended and steps.step is not None and not steps.finished and (
                 cur is None or cur.finished and steps.total is not None):
             return _steps_progress(steps, self.bar_eta)  # an unfinished bar is where training is

@@ -146,9 +146,12 @@ class TrainingSteps:
 
 
 def train_step_events(pairs: dict[str, float]) -> list[Event]:
-    """speculators' global_step (logged before it is incremented) as steps done, with its epoch."""
+    """speculators' global_step (logged before it is incremented) as steps done, with its epoch.
+    The train stage's own `acceptance/...=..., global_step=N` line is written after an epoch's last
+    step, when the counter already says N steps are done."""
     gs = pairs.get("global_step")
     if gs is None:
         return []
     epoch = pairs.get("epoch")
-    return [Event(TRAIN_STEP, "", gs + 1.0, None if epoch is None else float(epoch))]
+    done = gs if any(k.startswith("acceptance/") for k in pairs) else gs + 1.0
+    return [Event(TRAIN_STEP, "", done, None if epoch is None else float(epoch))]
