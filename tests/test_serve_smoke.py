@@ -68,6 +68,23 @@ def test_the_metric_line_is_read_by_the_log_parser():
     assert m["served/epoch"][-1][1] == 2 and m["served/pos_2"][-1][1] == 0.049
 
 
+def test_a_stop_of_the_smoke_stops_its_server_group_first(tmp_path):
+    """`lab stop` TERMs the smoke: it stops the server's whole group (a child of it too) before it exits."""
+    server = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
+              " print('listening', flush=True); time.sleep(300)")
+    code = ("import sys; from pathlib import Path; from eaglelab.stages import serve_smoke\n"
+            f"serve_smoke.run([sys.executable, '-c', {server!r}], {{}}, Path('ck/3'), '127.0.0.1', 8642, 'm', None,"
+            " 1, 4, 600, lambda s: print(s, flush=True))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(REPO / "py")))
+    pid = vllm_pid(proc.stdout.readline())
+    assert proc.stdout.readline().strip() == "listening"  # its output goes on to the smoke's
+    proc.terminate()
+    assert proc.wait(60) == 128 + 15
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+
+
 def test_the_pipeline_has_the_serving_smoke_beside_train_on_a_port_of_its_own():
     cfg = config.load(REPO / "conf", "demo")
     s = cfg.stage("smoke-serve_eval")
