@@ -254,6 +254,16 @@ SOURCE_WORDS = {"pilot": "a pilot slice's checkpoint", "checkpoint": "the latest
                 "eval": "the served measurement"}
 
 
+def served_words(sv: dict) -> dict:
+    """The serving smoke's figures (a checkpoint served by vLLM while training ran), or {}."""
+    if num(sv.get("acceptance_rate")) is None:
+        return {}
+    mal = num(sv.get("mean_acceptance_length"))
+    return {"acceptance_rate": pct(sv.get("acceptance_rate")), "mean_acceptance_length": "" if mal is None
+            else f"{mal:.2f}", "epoch": "" if sv.get("epoch") is None else str(sv.get("epoch")),
+            "run": str(sv.get("run") or "")}
+
+
 def forecast_view(pipe: dict, now: float) -> dict:
     """pipeline.forecast in words: verdict, figures, where from and how old; past forecasts' errors."""
     fc = mapping(pipe.get("forecast"))
@@ -275,6 +285,7 @@ def forecast_view(pipe: dict, now: float) -> dict:
         "age": fmt_duration(max(0.0, now - made)) if made is not None else "",
         "made": fmt_clock(made, now),
         "offline": pct(off.get("acceptance_rate")) if off else "",
+        "served": served_words(mapping(fc.get("served_checkpoint"))),
         "reasons": [str(r) for r in fc.get("reasons") or []] if isinstance(fc.get("reasons"), list) else [],
         "history": [{"train_run": h.get("train_run"), "forecast": pct(h.get("forecast_rate")),
                      "eval": pct(h.get("eval_rate")), "error": "" if num(h.get("error")) is None

@@ -483,7 +483,9 @@ def test_overview_shows_the_forecast_its_source_age_and_past_errors():
     status["pipeline"] = {**(status.get("pipeline") or {}), "forecast": {
         "source": "checkpoint", "acceptance_rate": 0.156, "mean_acceptance_length": 1.468, "speedup": None,
         "verdict": "LOW_ACCEPTANCE", "reasons": ["acceptance rate 15.6% < 30%"], "checkpoints": 3,
-        "run": "train-20270115T080000-cccc", "made_at": web_samples.iso(-90)},
+        "run": "train-20270115T080000-cccc", "made_at": web_samples.iso(-90),
+        "served_checkpoint": {"acceptance_rate": 0.183, "mean_acceptance_length": 1.549, "epoch": 2,
+                              "run": "smoke-serve_eval-20270115T081500-eeee"}},
         "forecast_history": [{"train_run": "train-20270114T080000-dddd", "forecast_rate": 0.16, "eval_rate": 0.187,
                               "error": -0.027, "source": "checkpoint"}]}
     html = text(sample_app(status).test_client().get("/"))
@@ -491,6 +493,8 @@ def test_overview_shows_the_forecast_its_source_age_and_past_errors():
     assert 'id="forecast-verdict">LOW_ACCEPTANCE<' in box and 'id="f-acceptance">15.6%<' in box
     assert "the latest training checkpoint (offline)" in box and "3 checkpoint estimates" in box
     assert "1m 30s ago" in box, box
+    served = re.search(r'served by vLLM, checkpoint 2</dt><dd id="f-served">(.*?)</dd>', box).group(1)
+    assert served.startswith("18.3%, mean length 1.55") and "smoke-serve_eval-20270115T081500-eeee" in served
     assert "train-20270114T080000-dddd" in box and "-2.7 pts" in box
     # without evidence there is no forecast box at all
     assert 'class="forecast' not in text(sample_app(web_samples.lab_status()).test_client().get("/"))

@@ -220,8 +220,9 @@ class DuringConfig(_Strict):
 class SmokeConfig(_Strict):
     """Try this stage on the first outputs of the stage before it, while that one still runs: eaglelab
     adds the job `smoke-<stage>` = this stage's command + `args` (its own script reads them: train's
-    --smoke-steps), started `during` that stage after `after` units. A smoke that fails is reported at
-    once as this stage's failure, and `lab pipeline` does not start this stage with the same config."""
+    --smoke-steps, serve's --smoke-checkpoints), started `during` that stage after `after` units. A smoke
+    that fails is reported at once as this stage's failure, and `lab pipeline` does not start this stage
+    (for a service: no job that needs it) with the same config. The smoke of a service is a job too."""
     during: str
     after: str | int = 1
     args: list[str] = Field(min_length=1)  # appended to the command (a later option wins in click)
@@ -615,9 +616,9 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             if ref is not None and (ref not in pipe.stages or pipe.stages[ref].kind != "job" or ref == name):
                 raise ConfigError(f"{where(key)}: {ref!r} is no other job of the pipeline"
                                   f"{did_you_mean(ref, pipe.stages)}; name the job it runs beside")
-        if s.kind == "service" and (s.during or s.smoke):
-            raise ConfigError(f"{where('during' if s.during else 'smoke')}: stages.{name} is a service; only a job "
-                              "can run beside another stage")
+        if s.kind == "service" and s.during:  # a service's smoke is a job (smoke-<service>); a service is not
+            raise ConfigError(f"{where('during')}: stages.{name} is a service; only a job can run beside another "
+                              "stage (a service can have `smoke:`: eaglelab runs its command + args as a job)")
         if s.kind == "service" and s.ready is None:
             raise ConfigError(f"{pipe_at('stages', name, 'kind')}: stages.{name}: a service needs `ready:` "
                               f"(log_regex or url)")

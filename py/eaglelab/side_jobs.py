@@ -3,7 +3,8 @@
 Two kinds, one trigger (`during: {stage, after}`: once that stage's run has made `after` units):
   a pilot     a job declared with `during:` (the first N synth rows through a short pipeline)
   a smoke     `smoke:` on a stage S makes the job `smoke-S`: S's own command plus the smoke's args,
-              tried on the first outputs of the stage before S while that one still runs.
+              tried on the first outputs of the stage before S while that one still runs. S may be a
+              service (serve_eval beside train: the server on the first checkpoint); its smoke is a job.
 
 Pure: which side jobs exist, what starts them, and what a smoke's failure means for the pipeline;
 eaglelab.control.side_runs starts and follows them.
@@ -14,6 +15,7 @@ from __future__ import annotations
 from .errors import ConfigError
 
 SMOKE_PREFIX = "smoke-"
+SERVICE_SMOKE_STOP_S = 45.0  # more time `lab stop` gives a service's smoke: it stops its own server first
 
 
 def smoke_name(stage: str) -> str:
@@ -43,7 +45,9 @@ def add_smoke_stages(cfg) -> list[str]:
             host=host, command=[*s.command, *s.smoke.args], env={**s.env, **s.smoke.env}, gpus=0,
             # a first-run ETA of its own (a smoke is short; it runs beside, so it never moves the pipeline's)
             prior=PriorConfig(unit="items", expected=1, per_s=1, fixed_s=60),
-            stop_grace_s=s.stop_grace_s, during=DuringConfig(stage=s.smoke.during, after=s.smoke.after, late=False),
+            # a service's smoke stops the server it started before it exits (serve_smoke: TERM, 30 s, KILL)
+            stop_grace_s=s.stop_grace_s + (SERVICE_SMOKE_STOP_S if s.kind == "service" else 0),
+            during=DuringConfig(stage=s.smoke.during, after=s.smoke.after, late=False),
             description=f"smoke test of {name}: its command + {' '.join(s.smoke.args)}, on {s.smoke.during}'s "
                         f"first outputs while {s.smoke.during} runs")
         st.name = smoke

@@ -6,6 +6,9 @@ Evidence, best last:
               `acceptance/rate=..., acceptance/mean_length=...` lines, eaglelab.stages.acceptance)
   eval        the served measurement (the eval stage's manifest: acceptance, speedup, verdict)
 An eval counts only when it ran after the current train run started (else it measured an older drafter).
+Beside the ranking: `served_checkpoint`, the serving smoke's figures (smoke-serve_eval, a checkpoint
+served by vLLM while training ran: its `served/acceptance_rate=...` line), from a completed smoke run
+of the current train run.
 
 Each train run's last offline forecast and the eval that followed it are kept in
 <logs_dir>/forecast.json, so the page can say how far forecasts were from measurements before.
@@ -18,8 +21,10 @@ import time
 from pathlib import Path
 
 from eaglelab.fsutil import atomic_write_json, read_json, utcnow_iso
+from eaglelab.side_jobs import SMOKE_PREFIX
 
 RATE, LENGTH = "acceptance/rate", "acceptance/mean_length"
+SERVED_RATE, SERVED_LENGTH, SERVED_EPOCH = "served/acceptance_rate", "served/mean_acceptance_length", "served/epoch"
 STORE = "forecast.json"
 HISTORY_KEEP = 20
 
@@ -58,6 +63,18 @@ def offline_evidence(run: dict) -> dict | None:
         return None
     return {"acceptance_rate": r, "mean_acceptance_length": n, "checkpoints": len(rate),
             "curve": [[p[0], p[1]] for p in rate], "run": run.get("id"), "stage": run.get("stage")}
+
+
+def served_evidence(run: dict) -> dict | None:
+    """The serving smoke's figures in a run's log state (eaglelab.stages.serve_smoke), None without."""
+    metrics = (run.get("log_state") or {}).get("metrics") or {}
+    try:
+        rate, length = float(metrics[SERVED_RATE][-1][1]), float(metrics[SERVED_LENGTH][-1][1])
+        epoch = metrics.get(SERVED_EPOCH)
+        epoch = int(epoch[-1][1]) if epoch else None
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    return {"acceptance_rate": rate, "mean_acceptance_length": length, "run": run.get("id"), "epoch": epoch}
 
 
 def eval_evidence(lab, stage_name: str, run_id: str | None = None) -> dict | None:
@@ -137,6 +154,10 @@ def make(lab, status: dict, now: float) -> dict | None:
                     if offline else None}
     if best is None:
         return None
+    started = ts((train or {}).get("started_at")) or 0.0
+    smoke = _latest(runs, lambda r: str(r.get("stage", "")).startswith(SMOKE_PREFIX) and r.get("state") == "completed"
+                    and (ts(r.get("started_at")) or 0.0) >= started and served_evidence(r))
+    best["served_checkpoint"] = served_evidence(smoke) if smoke else None
     if best["source"] != "eval":
         best["speedup"] = None
         best["verdict"], best["reasons"] = verdict(best["acceptance_rate"], best["mean_acceptance_length"], None)
@@ -225,5 +246,8 @@ def describe(fc: dict | None) -> str:
         return "no forecast yet"
     sp = f", speedup {fc['speedup']:.2f}x" if isinstance(fc.get("speedup"), (int, float)) else ""
     age = f", {fc['age_s']:.0f} s ago" if isinstance(fc.get("age_s"), (int, float)) else ""
+    sv = fc.get("served_checkpoint") or {}
+    served = (f"; served checkpoint {sv.get('epoch')}: acceptance {sv['acceptance_rate']:.1%}, mean length "
+              f"{sv['mean_acceptance_length']:.2f}") if isinstance(sv.get("acceptance_rate"), (int, float)) else ""
     return (f"{fc['verdict']}: acceptance {fc['acceptance_rate']:.1%}, mean length {fc['mean_acceptance_length']:.2f}"
-            f"{sp} (from {fc['source']}{age})")
+            f"{sp} (from {fc['source']}{age}){served}")

@@ -6,9 +6,10 @@ any run (a pilot that is up to date is skipped, a running one attached to). It f
 at once when one ends; a failed smoke is the next stage's failure, found early (the registry's
 `failed` event carries it to the webhooks, the page and `lab status` show it).
 
-Before the pipeline starts stage S, `before(S)` waits for a smoke of S still running and refuses to
-start S when its smoke failed under this very config (the same fingerprint): hours of S would fail
-the same way. The side jobs still running when the pipeline completes are waited for.
+Before the pipeline starts stage S, `before(S)` waits for a smoke of S (or of a service S needs)
+still running and refuses to start S when that smoke failed under this very config (the same
+fingerprint): hours of S would fail the same way. The side jobs still running when the pipeline
+completes are waited for.
 """
 
 from __future__ import annotations
@@ -100,30 +101,41 @@ class SideRuns:
     # -- the pipeline's questions --------------------------------------------------------------
 
     def before(self, stage: str) -> list[str]:
-        """Why `stage` must not start now ([] = it may): its smoke failed under this config."""
-        smoke = side_jobs.smoke_name(stage)
+        """Why `stage` must not start now ([] = it may): its smoke, or the smoke of a service it needs
+        (serve_eval's, for eval), failed under this config."""
+        why = []
+        for of in [stage, *self.lab.cfg.stage(stage).needs]:
+            failed = self._smoke_failed(of)
+            if failed:
+                why.append(("its smoke test " if of == stage else f"the smoke test of {of}, which it needs, ")
+                           + failed)
+        return why
+
+    def _smoke_failed(self, of: str) -> str | None:
+        """How the smoke of stage `of` failed under this config (after waiting for it), or None."""
+        smoke = side_jobs.smoke_name(of)
         if smoke not in self.lab.cfg.stages:
-            return []
+            return None
         if smoke in self.running():
-            self.say(f"waiting for {smoke} before starting {stage}")
+            self.say(f"waiting for {smoke} before starting what needs {of}" if self.lab.cfg.stage(of).kind == "service"
+                     else f"waiting for {smoke} before starting {of}")
             while smoke in self.running():
                 time.sleep(POLL_S)
                 self.follow()
         latest = self.lab.latest(smoke)
         if not latest or latest["state"] == "completed" or latest["state"] in ACTIVE:
-            return []
-        mine = self.lab.latest(stage)
+            return None
+        mine = self.lab.latest(of)
         if mine and (parse_iso(mine.get("started_at")) or 0) > (parse_iso(latest.get("ended_at")) or 0):
-            return []  # the stage itself ran since: its own result says more than the smoke's
-
+            return None  # the stage itself ran since: its own result says more than the smoke's
         if smoke not in self.started:  # a failure of an earlier pipeline counts only under this config
             try:
                 if latest.get("fingerprint") != self.lab.fingerprint(self.lab.cfg.stage(smoke)):
-                    return []
+                    return None
             except EaglelabError:
-                return []
-        return [f"its smoke test {latest['id']} {latest['state']} with this config: {failure_of(latest)}; "
-                f"fix it (`lab logs {latest['id']}`), then run the pipeline again"]
+                return None
+        return (f"{latest['id']} {latest['state']} with this config: {failure_of(latest)}; "
+                f"fix it (`lab logs {latest['id']}`), then run the pipeline again")
 
     def finish(self) -> None:
         """The pipeline completed: wait for the side jobs still running (their figures are its)."""

@@ -65,7 +65,12 @@ def check_drafter(ckpt: Path, target_cfg: dict, aux_layers: list[int] | None) ->
     if not path.is_file():
         raise StageError(f"{path}: not found; --drafter must be a trained checkpoint directory "
                          "(run the train stage; checkpoints are <save-path>/<epoch>/)")
-    cfg = json.loads(path.read_text())
+    try:
+        cfg = json.loads(path.read_text())
+    except ValueError as e:
+        raise StageError(f"{path}: not valid JSON ({e}); the checkpoint is damaged (rerun train)") from None
+    if not isinstance(cfg, dict):
+        raise StageError(f"{path}: a JSON {type(cfg).__name__}, not an object; the checkpoint is damaged (rerun train)")
     ids = cfg.get("eagle_aux_hidden_state_layer_ids")
     if aux_layers is not None and ids is not None and list(ids) != list(aux_layers):
         raise StageError(f"{path}: eagle_aux_hidden_state_layer_ids {ids} != aux layers {aux_layers} used for "

@@ -9,6 +9,10 @@ Modes:
            writes hs files to --hidden-states-path (on CPU: eaglelab.vllm_cpu_connector)
   eval     + the trained EAGLE-3 drafter (`--drafter CKPT`) with speculative decoding
 
+The serving smoke (eval, `--smoke-checkpoints DIR`: the job smoke-serve_eval beside train): the same
+server on the latest whole epoch checkpoint in DIR, a few requests, one metric line, stopped
+(eaglelab.stages.serve_smoke).
+
     python -m eaglelab.stages.serve --model data/demo/model --port 8100 --mode plain --device cpu
 """
 
@@ -24,7 +28,7 @@ import click
 
 from ..errors import StageError
 from ..fsutil import atomic_write_json
-from . import common
+from . import common, serve_smoke
 
 SERVER_INFO = "extract_server.json"  # written into --hidden-states-path by mode extract
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding `eaglelab/`
@@ -103,12 +107,22 @@ def build_argv(*, python: str, model: str, host: str, port: int, mode: str, devi
 @click.option("--num-speculative-tokens", default=3, show_default=True)
 @click.option("--vllm-args", default="", help="more vLLM flags in one string (split like a shell would, never run by one)")
 @click.option("--dry-run", is_flag=True, help="print the command and exit")
+@click.option("--smoke-checkpoints", type=click.Path(path_type=Path), default=None,
+              help="eval: a smoke instead of a service: serve the latest whole epoch checkpoint in this dir "
+                   "(the train stage's --out; --drafter is ignored), measure a few requests, stop, exit")
+@click.option("--smoke-wait-s", default=3600.0, show_default=True, help="smoke: how long to wait for a checkpoint")
+@click.option("--smoke-ready-s", default=1800.0, show_default=True, help="smoke: how long vLLM may take to answer /health")
+@click.option("--smoke-requests", default=4, show_default=True, help="smoke: chat completions measured")
+@click.option("--smoke-max-tokens", default=32, show_default=True, help="smoke: tokens per request (ignore_eos)")
+@click.option("--smoke-prompts", type=click.Path(path_type=Path), default=None,
+              help="smoke: JSONL with `messages` rows (the eval prompts); default: one built-in prompt")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def main(model: Path, host: str, port: int, mode: str, device: str, max_model_len: int,
          served_model_name: str | None, tensor_parallel: int, gpu_memory_utilization: float | None,
          kv_cache_gib: int, enforce_eager: bool | None, scale_out: bool, aux_layers: str,
          hidden_states_path: str | None, drafter: str | None, num_speculative_tokens: int, vllm_args: str,
-         dry_run: bool, extra: tuple[str, ...]) -> None:
+         dry_run: bool, smoke_checkpoints: Path | None, smoke_wait_s: float, smoke_ready_s: float,
+         smoke_requests: int, smoke_max_tokens: int, smoke_prompts: Path | None, extra: tuple[str, ...]) -> None:
     """Exec vLLM's OpenAI server for the target (EXTRA args go to vLLM unchanged)."""
     device = common.resolve_device(device)
     cfg = common.model_config(model)
@@ -123,10 +137,21 @@ def main(model: Path, host: str, port: int, mode: str, device: str, max_model_le
         atomic_write_json(Path(hidden_states_path) / SERVER_INFO, {
             "schema": 1, "model": str(model), "aux_layers": layers,
             "layer_ids": extraction_layers(layers, cfg["num_hidden_layers"]), "device": device})
+    if smoke_checkpoints is not None:
+        if mode != "eval":
+            raise StageError(f"--smoke-checkpoints with --mode {mode}: the serving smoke is of --mode eval")
+        if smoke_requests < 1 or smoke_max_tokens < 1:
+            raise StageError("--smoke-requests and --smoke-max-tokens: at least 1")
+        drafter = str(serve_smoke.wait_for_checkpoint(smoke_checkpoints, smoke_wait_s, click.echo))
     if mode == "eval":
         if not drafter:
             raise StageError("--mode eval needs --drafter CHECKPOINT_DIR")
-        common.check_drafter(Path(drafter), cfg, layers if aux_layers else None)
+        try:
+            common.check_drafter(Path(drafter), cfg, layers if aux_layers else None)
+        except StageError as e:
+            if smoke_checkpoints is None:
+                raise
+            raise StageError(f"serve smoke of checkpoint {drafter}: {e.message}") from None
     argv = build_argv(python=sys.executable, model=str(model), host=host, port=port, mode=mode, device=device,
                       max_model_len=max_model_len, served_name=served_model_name, tensor_parallel=tensor_parallel,
                       gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
@@ -142,6 +167,10 @@ def main(model: Path, host: str, port: int, mode: str, device: str, max_model_le
     click.echo(f"serve[{mode}]: {shlex.join(argv)}", err=True)
     if dry_run:
         click.echo(shlex.join(argv))
+        return
+    if smoke_checkpoints is not None:
+        serve_smoke.run(argv, env, Path(drafter), host, port, served_model_name or str(model), smoke_prompts,
+                        smoke_requests, smoke_max_tokens, smoke_ready_s, click.echo)
         return
     sys.stdout.flush()
     sys.stderr.flush()
