@@ -408,8 +408,9 @@ def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: floa
              "checkpoints": len(records),
              "curve": [[r.get("epoch"), r["acceptance_rate"], r["mean_acceptance_length"]] for r in records],
              "drafter": str(d["train"] / tdoc.get("extra", {}).get("drafter", "drafter")),
-             "slice_order": sdoc["extra"].get("order"), "seconds": seconds,
+             "slice_order": sdoc["extra"].get("order"), "seconds": seconds,  # this run's (a rerun skips work)
              "step_seconds": {s: (ledger.steps.get(s) or {}).get("seconds") for s in DIRS if s != "synth"}}
+    extra["work_seconds"] = round(sum(v or 0 for v in extra["step_seconds"].values()), 1)
     files = [d["synth"] / SYNTH_OUT, d["train"] / acceptance.FILE_NAME]
     counts = {"samples": n, "tokens": prep.get("counts", {}).get("tokens"), "checkpoints": len(records),
               "epochs": epochs}
