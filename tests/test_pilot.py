@@ -214,7 +214,18 @@ def test_choose(rows, errors, n, final, want_idx, order):
         assert got["missing"] == [1]
 
 
-def test_parse_lines_skips_the_torn_last_line_and_garbage():
-    data = b'{"id": 1}\nnot json\n[1, 2]\n\n{"id": 2}\n{"id": 3, "inp'
-    assert pilot.parse_lines(data) == ([{"id": 1}, {"id": 2}], 3)
-    assert pilot.parse_lines(b'{"id": 1}\n') == ([{"id": 1}], 0)
+def test_the_tail_reads_each_line_once_and_waits_for_a_torn_one(tmp_path):
+    path = tmp_path / "responses.jsonl"
+    path.write_bytes(b'{"id": "a", "metadata": {"idx": 1}}\nnot json\n[1, 2]\n\n{"id": "b", "input_ids": [7, 8]}\n{"id": "c", "inp')
+    tail = pilot.Tail(path)
+    tail.poll()
+    assert [s["id"] for s in tail.stubs] == ["a", "b"] and tail.bad == 2 and tail.torn == 1
+    assert tail.stubs[0]["metadata"] == {"idx": 1, "is_tool_call": None}
+    with open(path, "ab") as f:
+        f.write(b'ut_ids": [9]}\n{"id": "d"}\n')  # the torn line is finished, and one more
+    tail.poll()
+    assert [s["id"] for s in tail.stubs] == ["a", "b", "c", "d"] and tail.bad == 2 and tail.torn == 0
+    assert tail.lines(tail.stubs[1:3]) == [b'{"id": "b", "input_ids": [7, 8]}', b'{"id": "c", "input_ids": [9]}']
+    path.write_bytes(b'{"id": "z"}\n')  # replaced by a shorter file: read afresh
+    tail.poll()
+    assert [s["id"] for s in tail.stubs] == ["z"]

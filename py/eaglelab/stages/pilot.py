@@ -68,25 +68,60 @@ TAIL_LINES = 20
 
 # ---- reading synth's output while it is written (pure) ----------------------------------------------
 
-def parse_lines(data: bytes) -> tuple[list[dict], int]:
-    """The JSON objects of a JSONL byte string and the count of lines skipped (a torn last line,
-    anything that is not a JSON object)."""
-    lines = data.split(b"\n")
-    tail = lines.pop()  # b"" when the file ends with a newline; otherwise a line still being written
-    rows, bad = [], int(bool(tail.strip()))
-    for line in lines:
+class Tail:
+    """synth's responses.jsonl, read as it grows: each complete line parsed once and kept as a stub
+    (its ids, prompt index, tool-call flag and where it lies in the file), never as the whole row:
+    10,000 reasoning traces are GBs of token ids. A last line without its newline is still being
+    written: read again at the next poll."""
+
+    CHUNK = 1 << 26
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.stubs, self.bad, self.torn = path, 0, [], 0, 0
+
+    def poll(self) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            self.__init__(self.path)
+            return
+        if size < self.offset:  # replaced (synth set an old output aside): start over
+            self.__init__(self.path)
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            buf = b""
+            while chunk := f.read(self.CHUNK):
+                buf += chunk
+                end = buf.rfind(b"\n") + 1
+                for line in buf[:end].split(b"\n")[:-1]:
+                    self._add(line, self.offset)
+                    self.offset += len(line) + 1
+                buf = buf[end:]
+        self.torn = int(bool(buf.strip()))
+
+    def _add(self, line: bytes, at: int) -> None:
         if not line.strip():
-            continue
+            return
         try:
             obj = json.loads(line)
         except ValueError:
-            bad += 1
-            continue
-        if isinstance(obj, dict):
-            rows.append(obj)
-        else:
-            bad += 1
-    return rows, bad
+            obj = None
+        if not isinstance(obj, dict):
+            self.bad += 1
+            return
+        md = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        self.stubs.append({"id": obj.get("id"), "primary_id": obj.get("primary_id"),
+                           "metadata": {"idx": md.get("idx"), "is_tool_call": md.get("is_tool_call")},
+                           "at": [at, at + len(line)]})
+
+    def lines(self, stubs: list[dict]) -> list[bytes]:
+        """The chosen rows' lines, as synth wrote them."""
+        out = []
+        with open(self.path, "rb") as f:
+            for st in stubs:
+                f.seek(st["at"][0])
+                out.append(f.read(st["at"][1] - st["at"][0]))
+        return out
 
 
 def conversation_of(row: dict) -> str:
@@ -144,23 +179,32 @@ def choose(rows: list[dict], errors: list[dict], n: int, final: bool = False) ->
     return {"rows": None, "order": "prompt", "have": len(taken), "waiting_on": waiting, "missing": []}
 
 
-def read_rows(path: Path) -> tuple[list[dict], int]:
+def read_errors(path: Path) -> list[dict]:
     if not path.is_file():
-        return [], 0
-    return parse_lines(path.read_bytes())
+        return []
+    rows = []
+    for line in path.read_bytes().splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            rows.append(obj)
+    return rows
 
 
 def wait_for_slice(synth: Path, n: int, wait_s: float, echo, clock=time.monotonic, sleep=time.sleep) -> dict:
-    """Poll synth's output until the slice is there, or --wait-s is over (StageError if n rows never came)."""
+    """Poll synth's output until the slice is there, or --wait-s is over (StageError if n rows never came).
+    The pick's "lines" are the chosen rows as synth wrote them."""
     out, err = synth / SYNTH_OUT, synth / SYNTH_ERR
-    deadline, said = clock() + wait_s, None
+    deadline, said, tail = clock() + wait_s, None, Tail(out)
     while True:
         final = clock() >= deadline
-        rows, bad = read_rows(out)
-        errors, _ = read_rows(err)
-        pick = choose(rows, errors, n, final=final)
+        tail.poll()
+        pick = choose(tail.stubs, read_errors(err), n, final=final)
         if pick["rows"] is not None:
-            pick["skipped_lines"] = bad
+            pick["skipped_lines"] = tail.bad + tail.torn
+            pick["lines"] = tail.lines(pick["rows"])
             return pick
         if final:
             what = f"{out}: not there" if not out.exists() else f"{out}: {pick['have']} complete row(s)"
@@ -176,10 +220,10 @@ def wait_for_slice(synth: Path, n: int, wait_s: float, echo, clock=time.monotoni
 
 
 def write_slice(slice_dir: Path, pick: dict, params: dict) -> dict:
-    rows = pick["rows"]
+    rows = [json.loads(line) for line in pick["lines"]]
     slice_dir.mkdir(parents=True, exist_ok=True)
     path = slice_dir / SYNTH_OUT
-    atomic_write_bytes(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
+    atomic_write_bytes(path, b"".join(line + b"\n" for line in pick["lines"]))
     finish = collections.Counter(str((r.get("metadata") or {}).get("finish_reason")) for r in rows)
     return manifest.write(slice_dir, "synth", [path], params=params,
                           counts={"prompts": len({conversation_of(r) for r in rows}), "done": len(rows),
