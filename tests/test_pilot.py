@@ -136,7 +136,8 @@ def test_a_rerun_skips_the_finished_steps_and_still_reports_the_curve(ran):
         st.feed_line(line, i + 1)
     assert offline_evidence({"log_state": st.snapshot()})["checkpoints"] == 2
     after = manifest.read(out)
-    assert after["counts"] == before["counts"] and after["extra"]["acceptance_rate"] == before["extra"]["acceptance_rate"]
+    assert after["counts"] == before["counts"]
+    assert after["extra"]["acceptance_rate"] == before["extra"]["acceptance_rate"]
 
     ledger = json.loads((out / pilot.LEDGER).read_text())
     ledger["steps"]["train"]["output"] = None  # killed during training: started, not finished
@@ -216,7 +217,8 @@ def test_choose(rows, errors, n, final, want_idx, order):
 
 def test_the_tail_reads_each_line_once_and_waits_for_a_torn_one(tmp_path):
     path = tmp_path / "responses.jsonl"
-    path.write_bytes(b'{"id": "a", "metadata": {"idx": 1}}\nnot json\n[1, 2]\n\n{"id": "b", "input_ids": [7, 8]}\n{"id": "c", "inp')
+    path.write_bytes(b'{"id": "a", "metadata": {"idx": 1}}\nnot json\n[1, 2]\n\n'
+                     b'{"id": "b", "input_ids": [7, 8]}\n{"id": "c", "inp')
     tail = pilot.Tail(path)
     tail.poll()
     assert [s["id"] for s in tail.stubs] == ["a", "b"] and tail.bad == 2 and tail.torn == 1

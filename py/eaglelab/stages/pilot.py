@@ -66,7 +66,7 @@ POLL_S = 2.0
 TAIL_LINES = 20
 
 
-# ---- reading synth's output while it is written (pure) ----------------------------------------------
+# ---- reading synth's output while it is written (the choice itself is pure: choose) -----------------
 
 class Tail:
     """synth's responses.jsonl, read as it grows: each complete line parsed once and kept as a stub
