@@ -50,10 +50,16 @@ class Lab:
     def status_json(self) -> dict:
         return json.loads(self.lab("status", "--json").stdout)
 
-    def popen(self, *args: str) -> subprocess.Popen:
+    def popen(self, *args: str) -> tuple[subprocess.Popen, Path]:
+        """`lab ARGS` in the background, its output into a file (a pipe nobody reads while it runs
+        fills up and blocks it); (the process, that file)."""
         env = dict(os.environ, EAGLELAB_CONF=str(self.conf))
         env.pop("EAGLELAB_PROFILE", None)
-        return subprocess.Popen([str(LAB), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        log = self.root / f"popen-{len(self.transcript)}-{int(time.time())}.log"
+        with open(log, "wb") as f:
+            proc = subprocess.Popen([str(LAB), *args], stdout=f, stderr=subprocess.STDOUT, env=env)
+        self.transcript.append(f"$ lab {' '.join(args)} (background, output in {log})")
+        return proc, log
 
     def wait_for(self, pred, timeout: float, what: str):
         deadline = time.time() + timeout

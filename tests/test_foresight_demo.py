@@ -48,7 +48,7 @@ def replays(tmp_path_factory):
         facts["b"] = lab.lab("pipeline", check=False, timeout=1800)
         facts["b_json"] = lab.status_json()
         set_vars(lab, lr="3e-3")
-        proc, seen = lab.popen("pipeline"), None
+        (proc, log), seen = lab.popen("pipeline"), None
         while proc.poll() is None:  # what `lab status --json` says while the good drafter trains
             st = lab.status_json()
             fc = st["pipeline"]["forecast"] or {}
@@ -57,7 +57,7 @@ def replays(tmp_path_factory):
                     and fc.get("train_run") == train.get("id"):
                 seen = fc
             time.sleep(2)
-        facts["c"], facts["c_seen"] = (proc.returncode, proc.stdout.read()), seen
+        facts["c"], facts["c_seen"] = (proc.returncode, log.read_text(errors="replace")), seen
         facts["c_json"] = lab.status_json()
         yield lab, facts
     finally:
