@@ -47,6 +47,8 @@ def replays(tmp_path_factory):
         set_vars(lab, loss_fn="ce", lr="1e-9")
         facts["b"] = lab.lab("pipeline", check=False, timeout=1800)
         facts["b_json"] = lab.status_json()
+        ck = lab.data / "checkpoints"  # before (c) trains again in the same place
+        facts["b_epochs"] = sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.is_dir() else []
         set_vars(lab, lr="3e-3")
         (proc, log), seen = lab.popen("pipeline"), None
         while proc.poll() is None:  # what `lab status --json` says while the good drafter trains
@@ -97,9 +99,7 @@ def test_a_drafter_that_cannot_learn_is_stopped_by_the_gate_before_training_ends
                      r"\d\.\d% < min_acceptance_rate 5\.0%", b.stdout), b.stdout[-4000:]
     [train] = runs_of(st, "train")
     assert train["state"] == "killed"
-    ck = lab.data / "checkpoints"
-    done = sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.is_dir() else []
-    assert len(done) < 4, done  # stopped before its last epoch
+    assert len(f["b_epochs"]) < 4, f["b_epochs"]  # stopped before its last epoch
     assert len(runs_of(st, "extract")) == 1 and len(runs_of(st, "synth")) == 1  # nothing upstream redone
     fc = st["pipeline"]["forecast"]
     assert fc["source"] == "checkpoint" and fc["verdict"] == "LOW_ACCEPTANCE", fc
