@@ -231,3 +231,20 @@ def test_the_tail_reads_each_line_once_and_waits_for_a_torn_one(tmp_path):
     path.write_bytes(b'{"id": "z"}\n')  # replaced by a shorter file: read afresh
     tail.poll()
     assert [s["id"] for s in tail.stubs] == ["z"]
+
+
+def test_on_one_kimi_workstation_the_pilot_waits_for_the_gap_after_synth_with_one_server_swap():
+    """Kimi-K2.5 does not fit one GPU and synth's server holds all 8: the pilot is an ordinary stage
+    that needs serve_extract, after the last user of serve_target and before the extract it forecasts."""
+    from eaglelab import config
+    cfg = config.load(REPO / "conf", "kimi-k2.5")
+    p = cfg.stage("pilot")
+    assert p.during is None and p.needs == ["serve_extract"]
+    jobs = [n for n in cfg.stage_order() if cfg.stage(n).kind == "job" and cfg.stage(n).during is None]
+    assert jobs.index("synth") < jobs.index("eval_baseline") < jobs.index("pilot") < jobs.index("extract")
+    servers = [cfg.stage(n).needs[0] for n in jobs if cfg.stage(n).needs]
+    swaps = sum(a != b for a, b in zip(servers, servers[1:]))
+    assert servers[0] == "serve_target" and swaps == 2, servers  # target -> extract -> eval: no swap back
+    # the demo keeps it beside synth, on the CPU
+    demo = config.load(REPO / "conf", "demo").stage("pilot")
+    assert demo.during is not None and demo.during.stage == "synth" and not demo.needs

@@ -93,6 +93,16 @@ def test_the_failed_smokes_notification_names_the_next_stage():
     assert body["smoke_of"] == "next" and body["text"].startswith("next will fail: its smoke test failed on local")
 
 
+def test_a_smokes_reason_uses_the_same_words_as_its_notification():
+    from eaglelab.control.side_runs import failure_of
+    from eaglelab.model import how_it_ended
+    run = {"id": "smoke-next-1", "stage": "smoke-next", "state": "failed", "exit_code": 1,
+           "log_state": {"failure": {"reason": "bad_argument", "message": "Unknown loss 'klx'"}}}
+    assert failure_of(run) == how_it_ended(run) == "bad_argument: Unknown loss 'klx'"
+    assert failure_of({**run, "log_state": None}) == how_it_ended({**run, "log_state": None})  # the exit in words
+    assert failure_of({**run, "error": "host h9 unreachable"}) == "host h9 unreachable"  # it never started
+
+
 def test_a_passing_smoke_lets_the_next_stage_run_and_the_pilot_runs_beside(tmplab):
     setup(tmplab, mode="ce")
     p = tmplab.lab("pipeline", check=False, timeout=200)

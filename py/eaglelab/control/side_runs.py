@@ -148,13 +148,10 @@ class SideRuns:
 
 
 def failure_of(run: dict) -> str:
-    """The run's failure in one line: the parsed failure, else its exit."""
-    from eaglelab.model import exit_text
-    if run.get("error"):
-        return str(run["error"])
-    fail = ((run.get("log_state") or {}).get("failure")) or {}
-    text = fail.get("message") or fail.get("reason") if isinstance(fail, dict) else None
-    return str(text or exit_text(run) or run.get("state"))[:400]
+    """The run's failure in one line: a launch error, else how it ended (the parsed failure, else
+    its exit; the same words the notifications use), else its state."""
+    from eaglelab.model import how_it_ended
+    return str(run.get("error") or how_it_ended(run) or run.get("state"))[:400]
 
 
 class _Null:
