@@ -2,11 +2,12 @@
 
 Reads a lab that ran `lab pipeline` (default: this repo's conf; `--conf DIR` for another) and
 prints, from the registry and the train stage's acceptance.jsonl:
-  - seconds from the pipeline's first run start to the first offline forecast (the first
-    checkpoint estimate), to the last one, and to the final eval's end (the baseline: what you
-    waited for without foresight), and the lead time they give;
+  - seconds from the pipeline's first run start to the pilot's forecast (its last estimate, at the
+    pilot run's end: the first forecast `lab status` shows), to the first checkpoint estimate of the
+    full train, to the last one, and to the final eval's end (the baseline: what you waited for
+    without foresight), and the lead time they give;
   - each checkpoint's offline acceptance rate / mean length beside the eval's served figures,
-    and the last forecast's error.
+    and the errors of the pilot's, the first and the last forecast.
 
     .venv/bin/python bench/bench_foresight.py [--conf DIR] [--profile demo]
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
 
-from eaglelab.control.forecast import eval_evidence, ts  # noqa: E402
+from eaglelab.control.forecast import eval_evidence, offline_evidence, ts  # noqa: E402
 from eaglelab.control.lab import Lab  # noqa: E402
 from eaglelab.stages import acceptance  # noqa: E402
 
@@ -43,6 +44,13 @@ def main() -> None:
         sys.exit("bench_foresight: no acceptance.jsonl in the train stage's output (train --acceptance-k 0?)")
     measured = eval_evidence(lab, "eval")
     end = ts(ev["ended_at"])
+    pilots = [r for r in runs if str(r.get("stage", "")).startswith("pilot") and r.get("state") == "completed"
+              and offline_evidence(r) and (ts(r.get("started_at")) or 0) >= start]
+    pilot = max(pilots, key=lambda r: ts(r["ended_at"]) or 0) if pilots else None
+    if pilot:
+        pe, at = offline_evidence(pilot), ts(pilot["ended_at"])
+        print(f"pipeline start -> pilot forecast ({pe['checkpoints']} pilot checkpoints): {at - start:7.1f} s "
+              f"(lead time {end - at:.1f} s, {100 * (at - start) / (end - start):.0f}% of the way in)")
     print(f"pipeline start -> first forecast (checkpoint {docs[0]['epoch']}): {docs[0]['at'] - start:7.1f} s")
     print(f"pipeline start -> last forecast  (checkpoint {docs[-1]['epoch']}): {docs[-1]['at'] - start:7.1f} s")
     print(f"pipeline start -> train end:                      {ts(train['ended_at']) - start:7.1f} s")
@@ -56,6 +64,9 @@ def main() -> None:
         print(f"{d['epoch']:>10}  {d['acceptance_rate']:>12.1%}  {d['mean_acceptance_length']:>16.3f}")
     print(f"eval (served): rate {measured['acceptance_rate']:.1%}, mean length {measured['mean_acceptance_length']:.3f}, "
           f"speedup {measured['speedup']:.2f}x, verdict {measured['verdict']}")
+    if pilot:
+        print(f"pilot forecast's error: rate {100 * (pe['acceptance_rate'] - measured['acceptance_rate']):+.1f} pts, "
+              f"mean length {pe['mean_acceptance_length'] - measured['mean_acceptance_length']:+.3f}")
     for label, d in (("first", docs[0]), ("last", docs[-1])):
         print(f"{label} forecast's error: rate {100 * (d['acceptance_rate'] - measured['acceptance_rate']):+.1f} pts, "
               f"mean length {d['mean_acceptance_length'] - measured['mean_acceptance_length']:+.3f}")

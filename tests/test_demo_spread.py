@@ -26,7 +26,8 @@ def test_demo_over_three_hosts_moves_the_data_and_ends_with_the_full_summary(tmp
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     doc = json.loads(out.read_text())
     stages = {s["stage"]: s for s in doc["summary"]["stages"]}
-    assert all(s["state"] == "completed" for s in stages.values()), {n: s["state"] for n, s in stages.items()}
+    not_completed = {n: (s["state"], s["run"]) for n, s in stages.items() if s["state"] != "completed"}
+    assert not not_completed, (not_completed, p.stdout[-4000:])
     assert {stages[n]["host"] for n in ("synth", "extract", "train", "eval")} == {"h1", "h2", "h3"}
     moved = {t["stage"]: t for t in doc["transfers"]}
     assert {"move-synth-to-h2", "move-model-to-h2", "move-extract-to-h3", "move-vocab-to-h3",

@@ -116,11 +116,13 @@ def test_a_passing_smoke_lets_the_next_stage_run_and_the_pilot_runs_beside(tmpla
 
 def test_a_pilot_beside_a_stage_that_had_finished_starts_when_the_pipeline_passes_it(tmplab):
     setup(tmplab, mode="ce", pilot_after="1000", smoke_after="1000")  # never reached while upstream runs
-    assert tmplab.lab("pipeline", check=False, timeout=200).returncode == 0
+    p = tmplab.lab("pipeline", check=False, timeout=200)
+    assert p.returncode == 0, p.stdout + p.stderr
     [pilot] = tmplab.runs("pilot")
     [up] = tmplab.runs("upstream")
     assert pilot["started_at"] >= up["ended_at"] and pilot["state"] == "completed"  # late: after, still run
     assert tmplab.runs("smoke-next") == []  # a smoke is not started once its stage before has finished
+    assert "side job smoke-next not run: upstream ended before it was seen to have made 1000 unit(s)" in p.stdout
 
 
 def test_plan_shows_side_jobs_beside_their_stage(tmplab):

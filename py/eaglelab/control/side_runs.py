@@ -31,6 +31,8 @@ class SideRuns:
         self.names = side_jobs.side_jobs(lab.cfg)
         self.started: dict[str, dict] = {}  # name -> its run record (id None: up to date, not run)
         self.ended: set[str] = set()
+        self.watched: dict[str, str] = {}  # side job -> the run it was waiting on, seen active
+        self.missed: set[str] = set()      # its window passed between two polls: said once
         self.next_at = 0.0
 
     def say(self, text: str) -> None:
@@ -51,6 +53,13 @@ class SideRuns:
             trigger = current if current and current.get("stage") == beside else self.lab.latest(beside)
             if side_jobs.due(self.lab.cfg, name, trigger):
                 self.start(name, trigger)
+            elif trigger and trigger.get("state") in ACTIVE:
+                self.watched[name] = trigger["id"]
+            elif trigger and self.watched.get(name) == trigger.get("id") and name not in self.missed:
+                self.missed.add(name)  # too fast to be watched: nothing left to try early
+                self.say(f"side job {name} not run: {trigger['stage']} ended before it was seen to have made "
+                         f"{side_jobs.after_units(self.lab.cfg, self.lab.cfg.stage(name))} unit(s), "
+                         f"and it is worth running only beside {trigger['stage']}")
         self.follow()
 
     def start(self, name: str, trigger: dict) -> None:
