@@ -106,6 +106,25 @@ def test_a_good_drafter_passes_and_the_forecast_meets_the_eval(tmplab):
     assert "forecast: PAYS: acceptance 30.0%" in tmplab.lab("status").stdout
 
 
+def test_the_summary_compares_the_pilot_and_the_checkpoints_with_the_eval(tmplab):
+    # a pilot stage (the same acceptance lines, its own rates) before train: both forecasts meet the eval
+    pilot = ("  pilot:\n    host: local\n    command: [\"${python}\", \"-c\", %s, \"${work_dir}/pilot\"]\n"
+             "    env: {RATES: \"0.1 0.2\", WORK: \"0\"}\n    outputs: [\"${work_dir}/pilot\"]\n" % json.dumps(TRAIN))
+    tmplab.write_lab(HOOK)
+    tmplab.write_pipeline((PIPELINE % "{}").replace("stages:\n", "stages:\n" + pilot, 1)
+                          .replace("    stop_grace_s: 2\n", "    stop_grace_s: 2\n    depends_on: [pilot]\n", 1))
+    tmplab.write_profile("test", 'vars: {rates: "0.35 0.42", work: "0"}\n')
+    p = tmplab.lab("pipeline", check=False, timeout=200)
+    assert p.returncode == 0, p.stdout + p.stderr
+    fc = tmplab.status()["pipeline"]["forecast"]
+    assert fc["pilot"] == {"acceptance_rate": 0.2, "mean_acceptance_length": 1.6}, fc
+    lines = [ln for ln in tmplab.lab("summary").stdout.splitlines() if " vs eval: " in ln]
+    assert lines == ["forecast (pilot) vs eval: acceptance 20.0% forecast, 30.0% measured (error -10.0%); "
+                     "mean length 1.60 vs 1.90",
+                     "forecast (checkpoint) vs eval: acceptance 42.0% forecast, 30.0% measured (error +12.0%); "
+                     "mean length 2.26 vs 1.90"], lines
+
+
 def test_a_gate_on_a_later_stage_keeps_it_from_starting(tmplab):
     setup(tmplab, "eval: {min_acceptance_rate: 0.2, min_checkpoints: 2}", "0.05 0.06")
     p = tmplab.lab("pipeline", check=False, timeout=200)

@@ -151,7 +151,10 @@ def make(lab, status: dict, now: float) -> dict | None:
             offline = best if best and best["source"] != "eval" else None
             best = {"source": "eval", **ev, "run": ev_run.get("id"), "stage": name,
                     "offline": {k: offline[k] for k in ("acceptance_rate", "mean_acceptance_length", "source")}
-                    if offline else None}
+                    if offline else None,
+                    # the pilot's own forecast too, when the checkpoints' replaced it: both are compared
+                    "pilot": {k: offline_evidence(pilot)[k] for k in ("acceptance_rate", "mean_acceptance_length")}
+                    if pilot is not None and (offline or {}).get("source") != "pilot" else None}
     if best is None:
         return None
     started = ts((train or {}).get("started_at")) or 0.0

@@ -68,14 +68,15 @@ def summarize(lab: Lab) -> dict:
     from .. import forecast
     pipe = forecast.annotate(lab, {"runs": lab.registry.runs()})["pipeline"]
     return {"schema": 1, "profile": lab.cfg.profile, "stages": stages, "headline": headline,
-            "total_duration_s": total, "forecast": pipe["forecast"], "forecast_vs_eval": _versus(pipe["forecast"])}
+            "total_duration_s": total, "forecast": pipe["forecast"], "forecast_vs_eval": _versus(pipe["forecast"]),
+            "pilot_vs_eval": _versus(pipe["forecast"], "pilot")}
 
 
-def _versus(fc: dict | None) -> dict | None:
-    """The offline forecast next to the served measurement, once both exist."""
-    if not fc or fc.get("source") != "eval" or not fc.get("offline"):
+def _versus(fc: dict | None, key: str = "offline") -> dict | None:
+    """An offline forecast (the last one, or the pilot's) next to the served measurement, once both exist."""
+    if not fc or fc.get("source") != "eval" or not fc.get(key):
         return None
-    off = fc["offline"]
+    off = {"source": "pilot", **fc[key]}  # "offline" names its own source; "pilot" holds only figures
     return {"forecast_rate": off["acceptance_rate"], "measured_rate": fc["acceptance_rate"],
             "error": off["acceptance_rate"] - fc["acceptance_rate"], "forecast_length": off["mean_acceptance_length"],
             "measured_length": fc["mean_acceptance_length"], "forecast_source": off["source"]}
@@ -106,12 +107,12 @@ def summary(ctx, as_json: bool) -> None:
             click.echo(f"  {cell.get('sampling')} at concurrency {cell.get('concurrency')}: speedup "
                        f"{cell.get('speedup') or 0:.2f}x, acceptance {cell.get('acceptance_rate') or 0:.1%}, "
                        f"{cell.get('verdict')}")
-    vs, fc = s["forecast_vs_eval"], s["forecast"]
-    if vs:
+    fc = s["forecast"]
+    for vs in [v for v in (s["pilot_vs_eval"], s["forecast_vs_eval"]) if v]:  # earliest evidence first
         click.echo(f"forecast ({vs['forecast_source']}) vs eval: acceptance {vs['forecast_rate']:.1%} forecast, "
                    f"{vs['measured_rate']:.1%} measured (error {vs['error']:+.1%}); mean length "
                    f"{vs['forecast_length']:.2f} vs {vs['measured_length']:.2f}")
-    elif fc and "acceptance_rate" in fc:
+    if not s["forecast_vs_eval"] and fc and "acceptance_rate" in fc:
         click.echo(f"forecast: {fc['verdict']}, acceptance {fc['acceptance_rate']:.1%}, mean length "
                    f"{fc['mean_acceptance_length']:.2f} (from {fc['source']}; no eval to compare with yet)")
 
