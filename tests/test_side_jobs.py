@@ -151,3 +151,22 @@ def test_beside_order_is_pure():
     assert side_jobs.progress_units({"log_state": {"progress": {"n": 7, "total": 9}}}) == 7.0
     assert side_jobs.progress_units(None) == 0.0 and side_jobs.progress_units({"log_state": {"progress": None}}) == 0.0
     assert config is not None
+
+
+def test_a_side_job_due_on_the_awaited_run_starts_at_once_not_at_the_next_poll(tmplab):
+    # the record `lab` waits on is checked at every wait step: a window shorter than POLL_S is not missed
+    from eaglelab.control.lab import Lab
+    from eaglelab.control.side_runs import SideRuns
+    setup(tmplab, pilot_after=1000)
+    side = SideRuns(Lab.load(str(tmplab.conf), "test"), None, clock=lambda: 100.0)  # the clock stands still
+    started = []
+    side.start = lambda name, trigger: (started.append(name), side.started.update({name: {"id": None}}))
+    side.follow = lambda: None
+    run = {"id": "upstream-1", "stage": "upstream", "state": "running", "log_state": {"progress": {"n": 1}}}
+    side.poll(run)            # the first poll: not due yet (1 of 3 units)
+    assert started == []
+    side.poll({**run, "log_state": {"progress": {"n": 3}}})  # inside POLL_S, but due on this very record
+    assert started == ["smoke-next"]
+    side.next_at = 200.0
+    side.poll({**run, "stage": "other"})  # nothing due on another stage's record: the throttle holds
+    assert started == ["smoke-next"]

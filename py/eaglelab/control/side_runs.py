@@ -43,7 +43,7 @@ class SideRuns:
 
     def poll(self, current: dict | None = None, force: bool = False) -> None:
         """Start what is due and report what ended; cheap when called often (every POLL_S at most)."""
-        if not self.names or (not force and self.clock() < self.next_at):
+        if not self.names or (not force and self.clock() < self.next_at and not self._due_on(current)):
             return
         self.next_at = self.clock() + POLL_S
         for name in self.names:
@@ -61,6 +61,14 @@ class SideRuns:
                          f"{side_jobs.after_units(self.lab.cfg, self.lab.cfg.stage(name))} unit(s), "
                          f"and it is worth running only beside {trigger['stage']}")
         self.follow()
+
+    def _due_on(self, current: dict | None) -> bool:
+        """A side job due on the run the pipeline waits on: a check of the record it has just read, no I/O,
+        so it is made at every wait step, not every POLL_S (a short extraction's window is seconds)."""
+        if not current:
+            return False
+        return any(n not in self.started and self.lab.cfg.stage(n).during.stage == current.get("stage")
+                   and side_jobs.due(self.lab.cfg, n, current) for n in self.names)
 
     def start(self, name: str, trigger: dict) -> None:
         s = self.lab.cfg.stage(name)
