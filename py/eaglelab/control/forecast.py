@@ -137,8 +137,9 @@ def make(lab, status: dict, now: float) -> dict | None:
     train = _latest(runs, lambda r: r.get("stage") in train_names)
     best = None
     pilot = _latest(runs, lambda r: str(r.get("stage", "")).startswith("pilot") and offline_evidence(r))
-    if pilot is not None:
-        best = {"source": "pilot", **offline_evidence(pilot)}
+    pilot_ev = offline_evidence(pilot) if pilot is not None else None
+    if pilot_ev is not None:
+        best = {"source": "pilot", **pilot_ev}
     if train is not None and offline_evidence(train):
         best = {"source": "checkpoint", **offline_evidence(train)}
     for name in [n for n in stages if n == "eval"]:
@@ -153,8 +154,8 @@ def make(lab, status: dict, now: float) -> dict | None:
                     "offline": {k: offline[k] for k in ("acceptance_rate", "mean_acceptance_length", "source")}
                     if offline else None,
                     # the pilot's own forecast too, when the checkpoints' replaced it: both are compared
-                    "pilot": {k: offline_evidence(pilot)[k] for k in ("acceptance_rate", "mean_acceptance_length")}
-                    if pilot is not None and (offline or {}).get("source") != "pilot" else None}
+                    "pilot": {k: pilot_ev[k] for k in ("acceptance_rate", "mean_acceptance_length")}
+                    if pilot_ev is not None and (offline or {}).get("source") != "pilot" else None}
     if best is None:
         return None
     started = ts((train or {}).get("started_at")) or 0.0
