@@ -68,9 +68,19 @@ demo: setup  ## the whole pipeline on the tiny demo model, on this machine, with
 demo-spread: setup  ## the demo pipeline over three ssh hosts made here (namespaces + sshd; root), no shared disk
 	$(VENV)/bin/python bin/demo-spread
 
+# The suite on 3 xdist workers, each file (or group of files sharing a session fixture) whole on one
+# worker, the longest first (tests/suite_plan.py); the 30 slowest tests and the time by file at the end.
+PYTEST_WORKERS ?= 3
+PYTEST := $(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
+TEST_PARTS := parse stages pipeline ssh web ops core
+
 .PHONY: test
 test: setup  ## run every test (installs what they need first)
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
+
+.PHONY: $(addprefix test-,$(TEST_PARTS))
+test-parse test-stages test-pipeline test-ssh test-web test-ops test-core: setup  ## one part of the suite; the parts hold every test (README "Tests")
+	$(PYTEST) --part $(@:test-%=%) $(PYTEST_ARGS)
 
 .PHONY: sync
 sync: $(VENV)/.installed  ## copy the project to HOST over ssh and make its venv from the lock (HOST=name)
@@ -81,10 +91,6 @@ sync: $(VENV)/.installed  ## copy the project to HOST over ssh and make its venv
 preflight: $(VENV)/.installed  ## check STAGE's host before launching: reachable, env == lock, disk, GPUs, inputs (STAGE=name)
 	@test -n "$(STAGE)" || { echo "make preflight: say which stage, e.g. make preflight STAGE=extract" >&2; exit 2; }
 	$(LAB) preflight $(STAGE)
-
-.PHONY: test-ssh
-test-ssh: setup  ## the ssh lab tests: real hosts as network namespaces with their own sshd (root)
-	$(VENV)/bin/python -m pytest tests/test_ssh_*.py $(PYTEST_ARGS)
 
 .PHONY: bench
 bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)
@@ -98,21 +104,9 @@ bench-holdout: setup  ## the honest evaluation: parser and ETA on held-out publi
 bench-eta: setup  ## ETA accuracy on the log corpus beside tqdm's own ETA (bench/RESULTS.md, ETA)
 	$(VENV)/bin/python bench/bench_eta.py
 
-.PHONY: test-parse
-test-parse: setup  ## the parser and tailer tests: real logs, live tailing of real processes, fuzzing
-	$(VENV)/bin/python -m pytest tests/test_parse_*.py tests/test_tail*.py -q $(PYTEST_ARGS)
-
 .PHONY: bench-parse
 bench-parse: setup  ## parser throughput vs grep -c, memory as the log grows, live latency (bench/RESULTS.md)
 	$(VENV)/bin/python bench/bench_parse.py --mb 300 --sizes 25,100,400 --latency-n 200
-
-.PHONY: test-stages
-test-stages: $(VENV)/.installed  ## the pipeline stages' fast unit tests
-	$(VENV)/bin/python -m pytest tests/test_stages_unit.py -q $(PYTEST_ARGS)
-
-.PHONY: test-pipeline
-test-pipeline: $(VENV)/.installed  ## the pipeline end to end on CPU through lab run, real vLLM + speculators (~10 min)
-	$(VENV)/bin/python -m pytest tests/test_pipeline_e2e.py -q $(PYTEST_ARGS)
 
 .PHONY: gpu-wheels
 gpu-wheels:  ## download the wheels bench/gpu_stages.sh installs on a GPU machine (into .whl/gpu)

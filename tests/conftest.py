@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["suite_plan"]  # xdist groups, longest first; the time by file at the end
+
 REPO = Path(__file__).resolve().parents[1]
 LAB = REPO / "bin" / "lab"
 
@@ -144,3 +146,30 @@ def sshlab(netlab, tmp_path):
     lab = SshLab(netlab, tmp_path)
     yield lab
     lab.cleanup()
+
+
+# -- the tiny training set and drafter: made once a session, read by several files -----------------
+# (test_acceptance, test_serve_smoke, test_multigpu: one xdist group in tests/suite_plan.py, so one
+# worker makes them once; no test writes into them: tests that damage a checkpoint copy it first)
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> dict[str, Path]:
+    """model, prepared, hidden_states, vocab (+ root, eval prompts): the tiny target's own greedy
+    answers to 16 prompts (64 new tokens), through prepare, extract (transformers) and vocab."""
+    import foresight_data
+    root = tmp_path_factory.mktemp("tiny_data")
+    return {**foresight_data.build(root, num_prompts=16, max_new=64), "root": root, "prompts": root / "eval.jsonl"}
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter(tiny_data, tmp_path_factory) -> dict:
+    """A drafter the train stage trained on tiny_data for 2 epochs (checkpoints 0 and 1), with the
+    offline acceptance estimate (k = 3) after each; "ck" is its directory, "log" the stage's output."""
+    import foresight_data
+    ck = tmp_path_factory.mktemp("tiny_drafter") / "ck"
+    log = foresight_data.run_stage(
+        "train", "--model", str(tiny_data["model"]), "--data", str(tiny_data["prepared"]),
+        "--hidden-states", str(tiny_data["hidden_states"]), "--vocab", str(tiny_data["vocab"]), "--out", str(ck),
+        "--aux-layers", foresight_data.AUX, "--draft-vocab-size", foresight_data.DRAFT_VOCAB, "--epochs", "2",
+        "--lr", "3e-3", "--loss-fn", "ce", "--total-seq-len", "1024", "--device", "cpu", "--acceptance-k", "3")
+    return {**tiny_data, "ck": ck, "out": ck, "log": log}

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import foresight_data
 from eaglelab.host.parse.state import LogState
 from eaglelab.stages import acceptance
 
@@ -42,18 +41,11 @@ def test_held_out_split_is_speculators_validation_split():
     assert list(acceptance.held_out_indices(24, 0.9)) == [21, 22, 23]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A drafter trained 2 epochs by the train stage on the tiny target's own greedy answers."""
-    root = tmp_path_factory.mktemp("acc")
-    paths = foresight_data.build(root, num_prompts=16, max_new=64)
-    out = root / "ck"
-    log = foresight_data.run_stage(
-        "train", "--model", str(paths["model"]), "--data", str(paths["prepared"]),
-        "--hidden-states", str(paths["hidden_states"]), "--vocab", str(paths["vocab"]), "--out", str(out),
-        "--aux-layers", foresight_data.AUX, "--draft-vocab-size", foresight_data.DRAFT_VOCAB, "--epochs", "2",
-        "--lr", "3e-3", "--loss-fn", "ce", "--total-seq-len", "1024", "--device", "cpu", "--acceptance-k", "3")
-    return {**paths, "out": out, "log": log}
+@pytest.fixture
+def trained(tiny_drafter):
+    """A drafter trained 2 epochs by the train stage on the tiny target's own greedy answers
+    (the session's, tests/conftest.py: test_serve_smoke serves the same one)."""
+    return tiny_drafter
 
 
 SLOW = pytest.mark.timeout(1800)  # builds data and trains 2 epochs: ~4 min idle, far more on a loaded machine

@@ -15,3 +15,12 @@ def test_readme_lists_every_make_target():
     lines = block.splitlines()
     missing = [t.strip() for t in targets if not any(ln.startswith(f"  {t.strip()} ") for ln in lines)]
     assert not missing, f"README.md's `make help` block lacks: {missing} (paste the output of `make help`)"
+
+
+def test_the_make_test_parts_hold_every_test_file_once():
+    import suite_plan
+    stems = sorted(p.stem for p in (REPO / "tests").glob("test_*.py"))
+    wrong = {s: suite_plan.parts_of(s) for s in stems if len(suite_plan.parts_of(s)) != 1}
+    assert not wrong, f"each test file belongs to exactly one part of tests/suite_plan.py PARTS: {wrong}"
+    targets = re.search(r"^(test-parse .*?): setup", (REPO / "Makefile").read_text(), re.M).group(1).split()
+    assert sorted(targets) == sorted(f"test-{p}" for p in suite_plan.PARTS)

@@ -36,9 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 EPOCHS = 3
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> dict[str, Path]:
-    return foresight_data.build(tmp_path_factory.mktemp("multigpu"), num_prompts=16, max_new=48)
+@pytest.fixture
+def data(tiny_data) -> dict[str, Path]:
+    return tiny_data  # the session's (tests/conftest.py); the tests write only under their tmp_path
 
 
 def stage(name: str, *args: str, log: Path) -> subprocess.CompletedProcess:

@@ -187,17 +187,11 @@ def test_a_failed_smoke_of_a_service_keeps_the_job_that_needs_it_from_starting(t
 
 # ---- real vLLM ---------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """The tiny target and a drafter the train stage trained for 2 epochs (checkpoints 0 and 1)."""
-    root = tmp_path_factory.mktemp("serve_smoke")
-    paths = foresight_data.build(root, num_prompts=16, max_new=64)
-    foresight_data.run_stage(
-        "train", "--model", str(paths["model"]), "--data", str(paths["prepared"]),
-        "--hidden-states", str(paths["hidden_states"]), "--vocab", str(paths["vocab"]), "--out", str(root / "ck"),
-        "--aux-layers", foresight_data.AUX, "--draft-vocab-size", foresight_data.DRAFT_VOCAB, "--epochs", "2",
-        "--lr", "3e-3", "--loss-fn", "ce", "--total-seq-len", "1024", "--device", "cpu", "--acceptance-k", "0")
-    return {**paths, "root": root, "ck": root / "ck", "prompts": root / "eval.jsonl"}
+@pytest.fixture
+def trained(tiny_drafter):
+    """The tiny target and a drafter the train stage trained for 2 epochs (checkpoints 0 and 1): the
+    session's (tests/conftest.py), the one test_acceptance estimates."""
+    return tiny_drafter
 
 
 def smoke(trained, ckpts: Path, port: int, *more: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,110 @@
+"""How `make test` spreads the suite over pytest-xdist workers, and where its time went.
+
+Workers (`-n 3 --dist loadgroup`, Makefile): every test gets an xdist group, so a group runs whole on
+one worker and its module and session fixtures are paid for once:
+
+- by default a test's group is its file (what `--dist loadfile` would do);
+- files that share a session fixture share a group (SHARED below): the namespaced ssh hosts, the
+  Slurm cluster, the tiny trained drafter;
+- the groups are handed out longest first (WEIGHT_S, seconds measured on the 2-core machine), so the
+  long whole-pipeline runs start at once, side by side, and the short files fill the gaps.
+
+Most of the suite waits (vLLM servers starting, ssh round trips, a controller's polls, cron's
+minute): measured with vmstat during a serial run, the two cores were idle 59% of the time. Three
+workers fill that; the CPU-heavy groups are few enough to be run side by side.
+
+At the end, the time by file (setup + call + teardown, summed over the file's tests): where the
+suite's minutes go, in every CI log.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+# Files whose tests share one session fixture (tests/conftest.py): one group, one worker, one start.
+SHARED = {
+    "netlab": ("test_ssh_inject", "test_ssh_lab", "test_ssh_preflight", "test_ssh_sync", "test_ssh_testlab",
+               "test_transfers"),
+    "slurm": ("test_slurm_lab",),
+    "tiny_drafter": ("test_acceptance", "test_serve_smoke", "test_multigpu"),
+}
+GROUP_OF = {stem: group for group, stems in SHARED.items() for stem in stems}
+
+# Seconds each long group took (serial run, idle 2-core machine): the order groups start in.
+# A group not named here counts as short and keeps its collection order after these.
+WEIGHT_S: dict[str, float] = {}
+
+
+# `make test-NAME` runs one part; between them the parts hold every test file exactly once
+# (tests/test_docs.py checks it, so a new file must be given a part).
+PARTS: dict[str, tuple[str, ...]] = {
+    "parse": ("test_parse_*", "test_tail_*"),
+    "stages": ("test_stages_unit", "test_extract", "test_acceptance", "test_serve_smoke", "test_multigpu",
+               "test_pilot", "test_train_*", "test_model", "test_drafter_support"),
+    "pipeline": ("test_pipeline_e2e", "test_foresight_demo", "test_gates", "test_side_jobs"),
+    "ssh": ("test_ssh_*", "test_transfers", "test_demo_spread"),
+    "web": ("test_web", "test_web_*", "test_render_status"),
+    "ops": ("test_cron", "test_notify", "test_slurm_*"),
+    "core": ("test_config", "test_docs", "test_eta*", "test_registry", "test_runs_lifecycle", "test_services",
+             "test_idle_services", "test_placement", "test_plan_settings", "test_host_imports"),
+}
+
+
+def parts_of(stem: str) -> list[str]:
+    return [name for name, pats in PARTS.items() if any(fnmatch.fnmatch(stem, p) for p in pats)]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--part", choices=sorted(PARTS), help="run one part of the suite (tests/suite_plan.py PARTS)")
+
+
+def group_of(item: pytest.Item) -> str:
+    stem = Path(str(item.fspath)).stem
+    return GROUP_OF.get(stem, stem)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the markers (it appends the group to the node id)
+def pytest_collection_modifyitems(config, items):
+    part = config.getoption("--part")
+    if part:
+        inside = [part in parts_of(Path(str(it.fspath)).stem) for it in items]
+        config.hook.pytest_deselected(items=[it for it, keep in zip(items, inside) if not keep])
+        items[:] = [it for it, keep in zip(items, inside) if keep]
+    for item in items:
+        if not any(True for _ in item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(group_of(item)))
+    # longest groups first (a stable sort keeps each group's own order)
+    items.sort(key=lambda it: -WEIGHT_S.get(group_of(it), 0.0))
+
+
+_t0 = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if hasattr(config, "workerinput"):  # a worker: the controller prints the summary
+        return
+    by_file: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if not hasattr(r, "duration") or not hasattr(r, "nodeid") or not r.nodeid:
+                continue
+            f = r.nodeid.split("::")[0]
+            by_file[f] += r.duration
+            if r.when == "call":
+                count[f] += 1
+    if not by_file:
+        return
+    total = sum(by_file.values())
+    wall = time.monotonic() - _t0
+    tr = terminalreporter
+    tr.write_sep("=", "time by file (setup + call + teardown)")
+    for f, s in sorted(by_file.items(), key=lambda kv: -kv[1])[:25]:
+        tr.write_line(f"{s:8.1f} s  {100 * s / total:5.1f}%  {count[f]:4d} tests  {f}")
+    tr.write_line(f"{total:8.1f} s of test time in {wall:.0f} s of wall time "
+                  f"({wall / 60:.1f} min; x{total / wall:.2f} by the workers)")
