@@ -12,6 +12,9 @@ Facts this relies on (../shared/docs/testlab.md, measured on the CI kind of mach
 - each host has its own hostname (UTS namespace) and its own home: its sshd runs in a private mount
   namespace where /etc/passwd names a per-host home directory (the rest of the filesystem, the
   repository and its venv included, is shared — so the hosts use the controller's venv python);
+- each host's /etc/hosts names it (and the others), and its resolv.conf points at its own loopback:
+  no lookup asks the machine's nameserver, unreachable from a namespace (each vLLM start waited
+  120 s on it);
 - `ip netns del` does not kill processes: every pid of `ip netns pids` is killed first.
 Needs root, iproute2 and openssh-server (bin/setup-system installs them).
 """
@@ -148,10 +151,20 @@ class TestLab:
             f"AuthorizedKeysFile {self.root / 'authorized_keys'}", "PermitRootLogin prohibit-password",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "StrictModes no", "UsePAM no",
             "MaxStartups 50:30:100", "MaxSessions 50", "PrintMotd no", "LogLevel ERROR", ""]))
-        script = 'hostname "$1" && mount --bind "$2" /etc/passwd && exec /usr/sbin/sshd -D -f "$3" -E "$4"'
+        # Its own /etc/hosts, as a real host has: its name resolves without DNS. And a resolver on its
+        # own loopback, where nothing listens: a name not in /etc/hosts fails at once. Before, every
+        # lookup (torch's gloo does one in each vLLM start) went to the machine's nameserver, which
+        # is no address of the test lab and unreachable from here, and waited 120 s for the timeout.
+        names = ["127.0.0.1 localhost", "::1 localhost", f"127.0.1.1 {h}"]
+        names += [f"{a} {o}" for o, a in self.hosts.items() if o != h]
+        (d / "hosts").write_text("\n".join(names) + "\n")
+        (d / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        script = ('hostname "$1" && mount --bind "$2" /etc/passwd && mount --bind "$5" /etc/hosts && '
+                  'mount --bind "$6" /etc/resolv.conf && exec /usr/sbin/sshd -D -f "$3" -E "$4"')
         self.sshd[h] = subprocess.Popen(
             ["ip", "netns", "exec", self.ns(h), "unshare", "--uts", "--mount", "--propagation", "private",
-             "sh", "-c", script, "sshd-start", h, str(d / "passwd"), str(d / "sshd_config"), str(d / "sshd.log")],
+             "sh", "-c", script, "sshd-start", h, str(d / "passwd"), str(d / "sshd_config"), str(d / "sshd.log"),
+             str(d / "hosts"), str(d / "resolv.conf")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(d / "sshd.err", "ab"))
 
     def ssh(self, host: str, *remote: str, timeout: float = 20) -> subprocess.CompletedProcess:
