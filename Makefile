@@ -71,7 +71,7 @@ demo-spread: setup  ## the demo pipeline over three ssh hosts made here (namespa
 # The suite on 3 xdist workers, each file (or group of files sharing a session fixture) whole on one
 # worker, the longest first (tests/suite_plan.py); the 30 slowest tests and the time by file at the end.
 PYTEST_WORKERS ?= 3
-PYTEST := $(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
+PYTEST := $(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30
 TEST_PARTS := parse stages pipeline ssh web ops core
 
 .PHONY: test

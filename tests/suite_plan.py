@@ -1,7 +1,7 @@
 """How `make test` spreads the suite over pytest-xdist workers, and where its time went.
 
-Workers (`-n 3 --dist loadgroup`, Makefile): every test gets an xdist group, so a group runs whole on
-one worker and its module and session fixtures are paid for once:
+Workers (`-n 3`, Makefile): every test belongs to a group, and a group runs whole on one worker
+(the scheduler below), so its module and session fixtures are paid for once:
 
 - by default a test's group is its file (what `--dist loadfile` would do);
 - files that share a session fixture share a group (SHARED below): the namespaced ssh hosts, the
@@ -10,7 +10,7 @@ one worker and its module and session fixtures are paid for once:
   long whole-pipeline runs start at once, side by side, and the short files fill the gaps.
 
 Most of the suite waits (vLLM servers starting, ssh round trips, a controller's polls, cron's
-minute): measured with vmstat during a serial run, the two cores were idle 59% of the time. Three
+minute): measured with vmstat during a serial run, the two cores were idle 49% of the time. Three
 workers fill that; the CPU-heavy groups are few enough to be run side by side.
 
 At the end, the time by file (setup + call + teardown, summed over the file's tests): where the
@@ -69,21 +69,34 @@ def pytest_addoption(parser):
     parser.addoption("--part", choices=sorted(PARTS), help="run one part of the suite (tests/suite_plan.py PARTS)")
 
 
-def group_of(item: pytest.Item) -> str:
-    stem = Path(str(item.fspath)).stem
+def group_of_stem(stem: str) -> str:
     return GROUP_OF.get(stem, stem)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the markers (it appends the group to the node id)
+def group_of(item: pytest.Item) -> str:
+    return group_of_stem(Path(str(item.fspath)).stem)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's own `--dist loadgroup` cannot be used: it marks a group by rewriting the node id,
+    which pytest 9 no longer allows (the test ids stay as they were and every test is scheduled on
+    its own). This is loadscope with our groups as the scopes."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of_stem(Path(nodeid.split("::", 1)[0]).stem)
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     part = config.getoption("--part")
     if part:
         inside = [part in parts_of(Path(str(it.fspath)).stem) for it in items]
         config.hook.pytest_deselected(items=[it for it, keep in zip(items, inside) if not keep])
         items[:] = [it for it, keep in zip(items, inside) if keep]
-    for item in items:
-        if not any(True for _ in item.iter_markers("xdist_group")):
-            item.add_marker(pytest.mark.xdist_group(group_of(item)))
     # longest groups first (a stable sort keeps each group's own order)
     items.sort(key=lambda it: -WEIGHT_S.get(group_of(it), 0.0))
 
