@@ -146,3 +146,22 @@ def test_forecast_made_at_is_stable_for_the_same_evidence(tmp_path):
     again = dict(fc)
     forecast.remember(store, again, 1060.0)
     assert again["made_at"] == fc["made_at"] and again["age_s"] == 60.0
+
+
+def test_the_eval_is_paired_with_the_last_checkpoint_even_if_nobody_looked_after_the_first(tmp_path):
+    """The race CI found on a loaded machine: the only look while training came after checkpoint 0
+    (0.35); checkpoint 1 (0.42) ended the run unseen. The history must compare the eval with 0.42."""
+    store = tmp_path / "forecast.json"
+    first = {"source": "checkpoint", "acceptance_rate": 0.35, "mean_acceptance_length": 2.05, "train_run": "t1"}
+    forecast.remember(store, first, 1000.0)
+    ev = {"source": "eval", "acceptance_rate": 0.30, "mean_acceptance_length": 1.9, "speedup": 1.2,
+          "verdict": "PAYS", "train_run": "t1",
+          "offline": {"acceptance_rate": 0.42, "mean_acceptance_length": 2.26, "source": "checkpoint"}}
+    [h] = forecast.comparisons(forecast.remember(store, ev, 1100.0))
+    assert (h["forecast_rate"], h["eval_rate"], h["forecast_at"]) == (0.42, 0.30, None)
+    # a forecast that was seen as it stood at the end keeps its time
+    store2 = tmp_path / "seen.json"
+    last = {**first, "acceptance_rate": 0.42, "mean_acceptance_length": 2.26}
+    forecast.remember(store2, last, 1000.0)
+    [h] = forecast.comparisons(forecast.remember(store2, dict(ev), 1100.0))
+    assert h["forecast_rate"] == 0.42 and h["forecast_at"] == last["made_at"]

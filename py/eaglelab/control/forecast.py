@@ -196,8 +196,14 @@ def remember(path: Path, forecast: dict | None, now: float) -> dict:
                 if entry.get("forecast") != fc:
                     entry["forecast"], changed = fc, True
             elif forecast["source"] == "eval" and entry.get("eval") is None:
-                if entry.get("forecast") is None and forecast.get("offline"):  # nobody looked while it trained
-                    entry["forecast"] = {**forecast["offline"], "made_at": None}
+                off = forecast.get("offline")
+                seen = entry.get("forecast")
+                # The eval is paired with the last evidence before it (the train run's last checkpoint),
+                # whether or not anybody looked at that one: a look after the first checkpoint and none
+                # after the last (a busy machine, a short demo run) must not pair a stale forecast.
+                if off and (seen is None or (seen.get("acceptance_rate"), seen.get("source"))
+                            != (off.get("acceptance_rate"), off.get("source"))):
+                    entry["forecast"] = {**off, "made_at": None}  # made_at: None = not seen while it trained
                 entry["eval"] = {k: forecast.get(k) for k in ("acceptance_rate", "mean_acceptance_length", "speedup",
                                                               "verdict")}
                 entry["eval"]["at"] = forecast["made_at"]
