@@ -77,7 +77,7 @@ def group_of(item: pytest.Item) -> str:
     return group_of_stem(Path(str(item.fspath)).stem)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: `-p no:xdist` still runs the suite
 def pytest_xdist_make_scheduler(config, log):
     """xdist's own `--dist loadgroup` cannot be used: it marks a group by rewriting the node id,
     which pytest 9 no longer allows (the test ids stay as they were and every test is scheduled on
