@@ -172,4 +172,4 @@ def tiny_drafter(tiny_data, tmp_path_factory) -> dict:
         "--hidden-states", str(tiny_data["hidden_states"]), "--vocab", str(tiny_data["vocab"]), "--out", str(ck),
         "--aux-layers", foresight_data.AUX, "--draft-vocab-size", foresight_data.DRAFT_VOCAB, "--epochs", "2",
         "--lr", "3e-3", "--loss-fn", "ce", "--total-seq-len", "1024", "--device", "cpu", "--acceptance-k", "3")
-    return {**tiny_data, "ck": ck, "out": ck, "log": log}
+    return {**tiny_data, "ck": ck, "log": log}

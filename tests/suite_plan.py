@@ -74,7 +74,7 @@ def group_of_stem(stem: str) -> str:
 
 
 def group_of(item: pytest.Item) -> str:
-    return group_of_stem(Path(str(item.fspath)).stem)
+    return group_of_stem(item.path.stem)
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: `-p no:xdist` still runs the suite
@@ -94,7 +94,7 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     part = config.getoption("--part")
     if part:
-        inside = [part in parts_of(Path(str(it.fspath)).stem) for it in items]
+        inside = [part in parts_of(it.path.stem) for it in items]
         config.hook.pytest_deselected(items=[it for it, keep in zip(items, inside) if not keep])
         items[:] = [it for it, keep in zip(items, inside) if keep]
     # longest groups first (a stable sort keeps each group's own order)

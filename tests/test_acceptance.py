@@ -4,10 +4,8 @@ checkpoint (acceptance.jsonl + a metric line the log parser turns into the train
 
 from __future__ import annotations
 
-import json
 import math
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -53,7 +51,7 @@ SLOW = pytest.mark.timeout(1800)  # builds data and trains 2 epochs: ~4 min idle
 
 @SLOW
 def test_every_checkpoint_gets_an_estimate_on_held_out_rows(trained):
-    docs = acceptance.read(trained["out"])
+    docs = acceptance.read(trained["ck"])
     assert [d["epoch"] for d in docs] == [0, 1]
     for d in docs:
         assert d["k"] == 3 and d["samples"] == 2 and d["held_out"] == [14, 15]   # 16 rows, ratio 0.9
@@ -66,7 +64,7 @@ def test_every_checkpoint_gets_an_estimate_on_held_out_rows(trained):
 @SLOW
 def test_the_estimate_agrees_with_speculators_validation_accuracy(trained):
     """Position 0 of the estimate is speculators' val full_acc_0 on the same held-out rows."""
-    last = acceptance.read(trained["out"])[-1]
+    last = acceptance.read(trained["ck"])[-1]
     val = [line for line in trained["log"].splitlines() if "val/full_acc_0_epoch=" in line][-1]
     full_acc_0 = float(val.split("val/full_acc_0_epoch=")[1].split(",")[0])
     assert abs(last["per_position"][0] - full_acc_0) < 0.02
@@ -75,13 +73,13 @@ def test_the_estimate_agrees_with_speculators_validation_accuracy(trained):
 @SLOW
 def test_a_shuffled_drafter_scores_near_zero(trained):
     """The same checkpoint with its output rows permuted: the estimate must see the damage."""
-    drafter = acceptance.load_checkpoint(trained["out"] / "1")
+    drafter = acceptance.load_checkpoint(trained["ck"] / "1")
     with torch.no_grad():
         perm = list(range(drafter.lm_head.weight.shape[0]))
         random.Random(0).shuffle(perm)
         drafter.lm_head.weight.copy_(drafter.lm_head.weight[perm])
     lm_head = acceptance.verifier_lm_head(trained["model"], "cpu")
-    good = acceptance.read(trained["out"])[-1]
+    good = acceptance.read(trained["ck"])[-1]
     bad = acceptance.estimate(drafter, lm_head, acceptance.held_out_samples(
         trained["prepared"], trained["hidden_states"], 0.9, None), 3)
     assert bad["starts"] == good["starts"]
@@ -97,5 +95,5 @@ def test_the_log_line_becomes_the_train_pages_curve(trained):
         st.feed_line(line, i + 1)
     metrics = st.snapshot()["metrics"]
     assert len(metrics["acceptance/rate"]) == 2 and len(metrics["acceptance/mean_length"]) == 2
-    assert metrics["acceptance/rate"][-1][1] == pytest.approx(acceptance.read(trained["out"])[-1]["acceptance_rate"],
+    assert metrics["acceptance/rate"][-1][1] == pytest.approx(acceptance.read(trained["ck"])[-1]["acceptance_rate"],
                                                               abs=1e-4)
