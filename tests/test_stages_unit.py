@@ -544,3 +544,51 @@ def test_kimi_gpu_host_uses_the_gpu_lock_and_shared_pins_agree():
     assert "+cpu" not in gpu["torch"]
     for name in ("speculators", "transformers", "datasets", "safetensors", "hs-connectors", "pydantic", "click"):
         assert gpu[name] == cpu[name], name
+
+
+def test_train_smoke_waits_for_the_first_samples_of_its_own_extraction(tmp_path):
+    """The smoke starts with extraction (smoke.after 0) and waits itself for its first samples; files
+    left by an extraction of other rows are never read, a wait that runs out names the directory."""
+    import threading
+
+    from datasets import Dataset
+
+    from eaglelab.fsutil import atomic_write_json
+    from eaglelab.stages.extract import hs_path
+
+    data, hs, out = tmp_path / "prepared", tmp_path / "hidden_states", tmp_path / "checkpoints"
+    Dataset.from_dict({"input_ids": [[1, 2]] * 6, "seq_len": [2] * 6}).save_to_disk(str(data))
+    hs.mkdir()
+    for i in range(6):  # a finished extraction of other rows: not these
+        hs_path(hs, i).write_bytes(b"old")
+    manifest.write(hs, "extract", [hs_path(hs, i) for i in range(6)], params={"data": "other"})
+    with pytest.raises(StageError, match=r"hidden_states: no hidden states of these prepared rows after 0 s"):
+        train.smoke_inputs(data, hs, out, "mine", need=2, wait_s=0.3, poll_s=0.05)
+
+    def extraction():  # the new extraction sets the old files aside, claims, writes two samples
+        import shutil
+        import time
+        time.sleep(0.3)
+        shutil.rmtree(hs)
+        hs.mkdir()
+        atomic_write_json(hs / manifest.CLAIM, {"schema": 1, "stage": "extract", "params": {"data": "mine"}})
+        for i in range(2):
+            time.sleep(0.2)
+            hs_path(hs, i).write_bytes(b"new")
+
+    writer = threading.Thread(target=extraction)
+    writer.start()
+    rows, hs_dir, smoke_out = train.smoke_inputs(data, hs, out, "mine", need=2, wait_s=30, poll_s=0.05)
+    writer.join()
+    from datasets import load_from_disk
+    assert len(load_from_disk(str(rows))) == 2 and hs_dir == hs and smoke_out == tmp_path / "checkpoints.smoke" / "checkpoints"
+
+
+def test_serve_on_one_cpu_runs_engine_and_worker_in_its_own_process():
+    for mode in ("plain", "extract", "eval"):
+        argv = _argv(mode)
+        assert argv[argv.index("--distributed-executor-backend") + 1] == "uni", mode
+        assert "--distributed-executor-backend" not in _argv(mode, device="cuda")  # vLLM's own choice on GPUs
+        assert "--distributed-executor-backend" not in _argv(mode, tensor_parallel=2)
+    asked = _argv("plain", extra=["--distributed-executor-backend", "mp"])
+    assert asked.count("--distributed-executor-backend") == 1 and asked[-1] == "mp"  # the profile's own wins

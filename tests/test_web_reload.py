@@ -88,8 +88,9 @@ def test_a_rerun_from_the_page_uses_the_profile_as_it_is_now(tmplab):
         assert code in (200, 202), body
         wait_for(second.exists, timeout=30)
         wait_for(lambda: ended(port), timeout=30)
-        runs = sorted(p.name for p in (tmplab.work / "runs").iterdir())
-        assert len(runs) == 2 and str(second) in recorded_command(tmplab, runs[-1])
+        # two runs of one second: their ids do not sort by start, so ask each which file it wrote
+        outputs = sorted(recorded_command(tmplab, p.name)[-1] for p in (tmplab.work / "runs").iterdir())
+        assert outputs == sorted([str(first), str(second)]), outputs
         # and the page says so: when, and which file
         page = wait_for(lambda: (t := get(port, "/")[1]) and "config-reloaded" in t and t, timeout=30)
         assert "profiles/test.yaml changed" in page

@@ -69,6 +69,11 @@ def build_argv(*, python: str, model: str, host: str, port: int, mode: str, devi
         argv += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
     if eager(device, enforce_eager):
         argv.append("--enforce-eager")
+    if device == "cpu" and tensor_parallel == 1 and not any(a.startswith("--distributed-executor-backend")
+                                                             for a in extra):
+        # one process for the worker and the engine (and the engine in the API server's: VLLM_ENABLE_V1_MULTIPROCESSING=0):
+        # each extra process imports torch and vLLM again, 9 s of a CPU start's 33 s each
+        argv += ["--distributed-executor-backend", "uni"]
     if scale_out:
         argv.append("--enable-scale-out")  # speculators' render endpoint answers 403 without it
     if mode == "extract":
@@ -164,6 +169,8 @@ def main(model: Path, host: str, port: int, mode: str, device: str, max_model_le
     if device == "cpu":
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        if "--distributed-executor-backend" in argv and argv[argv.index("--distributed-executor-backend") + 1] == "uni":
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in the API server's process
     click.echo(f"serve[{mode}]: {shlex.join(argv)}", err=True)
     if dry_run:
         click.echo(shlex.join(argv))

@@ -29,6 +29,7 @@ import click
 
 from .. import manifest
 from ..errors import StageError
+from ..fsutil import read_json
 from . import common, warm_start as warm
 
 DRAFTER_LINK = "drafter"  # <out>/drafter -> the last epoch's checkpoint
@@ -125,26 +126,48 @@ def _rows(path: Path) -> int:
     return len(load_from_disk(str(path)))
 
 
-def smoke_inputs(data: Path, hidden_states: Path, out_dir: Path) -> tuple[Path, Path, Path]:
+def smoke_inputs(data: Path, hidden_states: Path, out_dir: Path, prepared: str, need: int = 1, wait_s: float = 0.0,
+                 poll_s: float = 0.5) -> tuple[Path, Path, Path]:
     """(rows, hidden states, out) for a smoke run while extraction writes: the longest prefix of the
     samples whose hs files exist (extraction goes in index order, and speculators maps row i to
-    hs_i, so a prefix keeps the pairing), saved as a dataset of its own in <out>.smoke."""
+    hs_i, so a prefix keeps the pairing), saved as a dataset of its own in <out>.smoke.
+
+    Started with extraction (smoke.after 0), it waits up to `wait_s` for the first `need` samples
+    itself: a demo's extraction lasts seconds, shorter than a controller's polls take to see it
+    make samples, and on a real lab the wait costs nothing. Only files of an extraction of these very
+    rows count (its claim or manifest names `prepared`, their fingerprint): a directory left by an
+    earlier extraction is set aside by the new one, not read."""
     import shutil
+    import time
 
     from datasets import load_from_disk
 
     from .extract import TRIMMED_DATA, hs_path
 
+    def of_these_rows() -> bool:
+        doc = manifest.read(hidden_states) or read_json(hidden_states / manifest.CLAIM) or {}
+        return isinstance(doc, dict) and (doc.get("params") or {}).get("data") == prepared
+
     smoke = out_dir.parent / f"{out_dir.name}.smoke"
     shutil.rmtree(smoke, ignore_errors=True)
-    src = hidden_states / TRIMMED_DATA if (hidden_states / TRIMMED_DATA).is_dir() else data
-    rows = load_from_disk(str(src))
-    n = 0
-    while n < len(rows) and hs_path(hidden_states, n).is_file():
-        n += 1
+    deadline, n, rows = time.monotonic() + wait_s, 0, None
+    while True:
+        if rows is None and of_these_rows():  # the claim is written before the trimmed rows and any hs file
+            src = hidden_states / TRIMMED_DATA if (hidden_states / TRIMMED_DATA).is_dir() else data
+            rows = load_from_disk(str(src))
+            need = max(1, min(need, len(rows)))
+        while rows is not None and n < len(rows) and hs_path(hidden_states, n).is_file():
+            n += 1
+        if n >= need or time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
     if n == 0:
-        raise StageError(f"{hidden_states}: no hidden states yet (hs_0.safetensors is missing): the smoke of "
-                         "train needs the first extracted samples; start it later (smoke.after)")
+        raise StageError(f"{hidden_states}: no hidden states of these prepared rows after {wait_s:.0f} s "
+                         "(no extraction of them has written hs_0.safetensors there): the smoke of train needs "
+                         "the first extracted samples; is extract writing there? Raise --smoke-wait-s or start "
+                         "the smoke later (smoke.after)")
+    if n < need:
+        click.echo(f"train: smoke: {n} of the {need} samples it waited for after {wait_s:.0f} s; going on with {n}")
     smoke.mkdir(parents=True)
     rows.select(range(n)).save_to_disk(str(smoke / "rows"))
     click.echo(f"train: smoke on the first {n} of {len(rows)} samples (their hidden states exist) in {smoke}")
@@ -213,12 +236,14 @@ def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Pat
 @click.option("--smoke-steps", default=0, show_default=True,
               help=">0: a smoke test of this very command while extraction still runs: this many steps on the "
                    "samples whose hidden states exist so far, in <out>.smoke (removed after); no manifest")
+@click.option("--smoke-wait-s", default=600.0, show_default=True,
+              help="smoke: wait this long at most for the first --smoke-steps samples' hidden states")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Path, aux_layers: str,
          draft_vocab_size: int, epochs: int, lr: float, total_seq_len: int, loss_implementation: str,
          draft_attn_impl: str, ttt_steps: int, loss_fn: str, num_workers: int | None, max_steps: int | None, device: str,
          gpus: int, use_torchrun: bool | None, trust_remote_code: bool, acceptance_k: int, acceptance_samples: int,
-         warm_start: str, warm_start_vocab: str, seed: int, smoke_steps: int,
+         warm_start: str, warm_start_vocab: str, seed: int, smoke_steps: int, smoke_wait_s: float,
          extra: tuple[str, ...]) -> None:
     """Train the drafter (EXTRA args go to `speculators train` unchanged)."""
     import torch
@@ -232,7 +257,8 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
     prep = manifest.require(data, "prepare", f"run the prepare stage (lab run prepare) to fill {data}")
     if smoke_steps > 0:  # extraction is still writing: no manifest yet, a prefix of the samples is there
         hs = None
-        data, hidden_states, out_dir = smoke_inputs(data, hidden_states, out_dir)
+        data, hidden_states, out_dir = smoke_inputs(data, hidden_states, out_dir, prep["fingerprint"], smoke_steps,
+                                                    smoke_wait_s)
         max_steps, acceptance_k, gpus, use_torchrun = smoke_steps, 0, 1, False  # one process: ranks would share <out>.smoke
     else:
         hs = manifest.require(hidden_states, "extract", f"run the extract stage (lab run extract) to fill {hidden_states}")
