@@ -236,3 +236,50 @@ def test_a_transfer_is_estimated_from_the_bytes_it_will_move(sshlab):
     assert size > 2 << 20 and f"prior: {manifest['total_bytes']:,} bytes at" in e["basis"], (size, e)
     assert "data/made/manifest.json total_bytes" in e["basis"]
     assert e["eta_s"] == pytest.approx(5.0 + size / 1e8, abs=0.1)
+
+
+def _transfer(sshlab, stage: str):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "eaglelab.control.transfer", "--conf", str(sshlab.conf),
+                           "--profile", "none", "--stage", stage], capture_output=True, text=True,
+                          env=sshlab.env(), timeout=60, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("out, why", [
+    (".", "the repository"), ("", "the repository"), ("..", "climbs out"), ("data/../..", "climbs out"),
+    ("/", "root of the filesystem"), ("~root", "~user"), ("data/made", "resolves there to"),
+])
+def test_a_transfer_never_mirrors_onto_anything_but_a_data_root(sshlab, out, why):
+    """rsync --delete onto '.', '..', '/' or a ~user path (O-5) wiped a host's checkout: every
+    destination must lie strictly inside hosts.NAME.data_roots as resolved ON the receiving host
+    (there, data/made is a symlink to the checkout itself), and is refused before any rsync."""
+    repo = checkouts(sshlab)
+    for h in ("h1", "h2"):  # the producer's copy exists, so only the destination check can stop it
+        (data_on(sshlab, h, repo, "data")).mkdir(exist_ok=True)
+    (data_on(sshlab, "h1", repo, "data/made")).mkdir(exist_ok=True)
+    (data_on(sshlab, "h1", repo, "data/made") / "shard-0.bin").write_bytes(b"x" * 100)
+    link = data_on(sshlab, "h2", repo, "data/made")
+    if out == "data/made" and not link.is_symlink():
+        link.symlink_to("..")  # on h2 only: the controller cannot see it
+    keep = [data_on(sshlab, "h2", repo, "keep.txt"), data_on(sshlab, "h2", repo, "data/keep.txt")]
+    for f in keep:
+        f.write_text("a live run's data\n")
+    sshlab.write({"make": {"host": "h1", "command": ["true"], "outputs": [out]},
+                  "use": {"host": "h2", "depends_on": ["make"], "inputs": [out], "command": ["true"]}},
+                 hosts=["h1", "h2"], extra_host={"repo_dir": repo})
+    p = _transfer(sshlab, "move-make-to-h2")
+    assert all(f.read_text() == "a live run's data\n" for f in keep)  # nothing was deleted
+    assert p.returncode != 0, p.stdout
+    err = p.stderr
+    assert "move-make-to-h2: refusing to mirror" in err and "host 'h2'" in err and why in err, err
+    assert "hosts.h2.data_roots (lab.yaml)" in err and "Traceback" not in err, err
+    assert "Moving" not in p.stdout and not (sshlab.logs / "transfers").exists()  # no rsync ran
+
+
+def test_a_data_root_that_is_the_repository_or_root_is_a_config_error(sshlab):
+    repo = checkouts(sshlab)
+    write(sshlab, repo, host_extra={"data_roots": ["/"]})
+    p = sshlab.lab("plan", check=False)
+    write(sshlab, repo)
+    assert p.returncode != 0 and "data_roots" in p.stderr and "root of the filesystem" in p.stderr, p.stderr

@@ -99,7 +99,20 @@ class HostConfig(_Strict):
     # Hosts this host reaches itself with `ssh NAME` (its own keys and ~/.ssh/config): data goes
     # host to host; otherwise it goes through the controller (which reaches every host).
     direct_to: list[str] = []
+    # Folders (relative to repo_dir, or absolute) that transfers may write into. A transfer mirrors
+    # with rsync --delete, so its destination must lie strictly inside one of these, as resolved
+    # on this host (symlinks followed there); anything else is refused before rsync runs.
+    data_roots: list[str] = ["data"]
     _logs_dir: str | None = PrivateAttr(None)  # the controller's logs dir, set by load()
+
+    @field_validator("data_roots")
+    @classmethod
+    def _roots_are_folders(cls, v):
+        for r in v:
+            if unsafe_root(r):
+                raise ValueError(f"{r!r} is not a data root: {unsafe_root(r)}; name a folder that holds "
+                                 f"only data, e.g. data or /scratch/eaglelab")
+        return v
 
     @field_validator("ssh")
     @classmethod
@@ -107,6 +120,24 @@ class HostConfig(_Strict):
         if info.data.get("reach") == "ssh" and v is None:
             raise ValueError("reach: ssh needs an `ssh:` block with at least `host:`")
         return v
+
+
+def unsafe_root(p: str) -> str | None:
+    """Why p cannot be a transfer's data root or destination, read from its text alone (the host
+    resolves symlinks later); None if nothing is wrong with it on its face."""
+    import posixpath
+    if not p.strip():
+        return "an empty path is the repository itself"
+    if p.startswith("~") and not (p == "~" or p.startswith("~/")):
+        return "a ~user path would be expanded on the controller, not on the host"
+    n = posixpath.normpath(p)
+    if n in (".", "~"):
+        return "it is the repository (or home) itself" if n == "." else "it is the home directory itself"
+    if n == "/" or n == "//":
+        return "it is the root of the filesystem"
+    if n == ".." or n.startswith("../"):
+        return "it climbs out of the repository (..)"
+    return None
 
 
 def slurm_options(host: "HostConfig", stage: "StageConfig | None" = None) -> dict:

@@ -87,6 +87,27 @@ def run_leg(leg: Leg, is_dir: bool, bwlimit: str | None, on_bytes) -> tuple[int,
     return p.wait(), "\n".join(err.splitlines()[-3:])
 
 
+def check_destinations(stage_name: str, t, dst: Executor) -> None:
+    """Refuse, before anything is read or moved, a path that rsync --delete would mirror onto
+    unless it lies strictly inside one of the destination's data roots, resolved on that host."""
+    roots = list(dst.host.data_roots)
+    fix = (f"write {t.producer!r}'s outputs inside a data root (e.g. {roots[0] if roots else 'data'}/NAME), "
+           f"or declare the folder that holds them in hosts.{t.dst}.data_roots (lab.yaml)")
+    for p in t.paths:
+        why = config_mod.unsafe_root(p)
+        if why:
+            raise StageError(f"{stage_name}: refusing to mirror {p!r} (an output of stage {t.producer!r}) onto "
+                             f"host {t.dst!r} with rsync --delete: {why}; {fix}")
+    answer = dst.inside_roots(list(t.paths), roots, dst.repo_dir())
+    for p in t.paths:
+        where = answer["paths"][p]
+        if where["root"] is None:
+            raise StageError(f"{stage_name}: refusing to mirror {p!r} (an output of stage {t.producer!r}) onto "
+                             f"host {t.dst!r} with rsync --delete: it resolves there to {where['resolved']!r}, "
+                             f"not strictly inside a data root ({', '.join(answer['roots']) or 'none declared'}); "
+                             f"{fix}")
+
+
 def move(cfg, stage_name: str, out=sys.stdout) -> dict:
     """Do the transfer stage's work; the figures (bytes, seconds, legs). StageError if it cannot."""
     stage = cfg.stage(stage_name)
@@ -94,6 +115,7 @@ def move(cfg, stage_name: str, out=sys.stdout) -> dict:
     if t is None:
         raise StageError(f"stage {stage_name!r} is not a transfer")
     src, dst = for_host(cfg.host(t.src)), for_host(cfg.host(t.dst))
+    check_destinations(stage_name, t, dst)
     opts = cfg.lab.transfers
     have = src.paths_info(list(t.paths), src.repo_dir())
     for p, info in have.items():

@@ -403,6 +403,7 @@ VERBS = {
     "inputs_digest": lambda a: inputs_digest(a["paths"], a.get("cwd", ".")),
     "paths_info": lambda a: machine.paths_info(a["paths"], a.get("cwd", ".")),
     "manifests": lambda a: machine.read_manifests(a["paths"], a.get("cwd", ".")),
+    "inside_roots": lambda a: machine.inside_roots(a["paths"], a["roots"], a.get("cwd", ".")),
     "launch": lambda a: launch(a["work_dir"], a["spec"]),
     "report": lambda a: report(a["work_dir"], a.get("stage")),
     "ready": lambda a: ready(a["work_dir"], a["run_id"], a.get("url"), a.get("log_regex")),

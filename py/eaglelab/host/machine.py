@@ -137,6 +137,21 @@ def paths_info(paths: list[str], cwd: str = ".") -> dict[str, dict]:
     return out
 
 
+def inside_roots(paths: list[str], roots: list[str], cwd: str = ".") -> dict:
+    """Each path and data root resolved here (~ and symlinks as this host sees them), and the root
+    each path lies strictly inside, or None: what a transfer may mirror onto with --delete."""
+    def real(p: str) -> str:
+        return os.path.realpath(os.path.join(cwd, os.path.expanduser(p)))
+    resolved_roots = [real(r) for r in roots]
+    out = {}
+    for p in paths:
+        r = real(p)
+        root = next((root for root in resolved_roots
+                     if root != "/" and r.startswith(root.rstrip("/") + "/")), None)
+        out[p] = {"resolved": r, "root": root}
+    return {"paths": out, "roots": resolved_roots}
+
+
 def read_manifests(paths: list[str], cwd: str = ".") -> dict[str, dict | None]:
     """The manifest.json of each output directory here (what `lab summary` shows), None if absent."""
     from eaglelab import manifest

@@ -67,6 +67,11 @@ class Executor(abc.ABC):
         from eaglelab.host import machine
         return machine.read_manifests(paths, cwd)
 
+    def inside_roots(self, paths: list[str], roots: list[str], cwd: str) -> dict:
+        """machine.inside_roots on the host: the paths and data roots resolved where they are."""
+        from eaglelab.host import machine
+        return machine.inside_roots(paths, roots, cwd)
+
     def rsync_target(self, path: str) -> tuple[list[str] | None, str]:
         """(the ssh command rsync reaches this host with, or None for this machine; the path as rsync
         names it): `rsync -e SSH SRC TARGET`."""

@@ -84,6 +84,9 @@ class SlurmExecutor(Executor):
     def manifests(self, paths: list[str], cwd: str) -> dict[str, dict | None]:
         return self.login.manifests(paths, cwd)
 
+    def inside_roots(self, paths: list[str], roots: list[str], cwd: str) -> dict:
+        return self.login.inside_roots(paths, roots, cwd)
+
     def rsync_target(self, path: str) -> tuple[list[str] | None, str]:
         return self.login.rsync_target(path)
 

@@ -214,6 +214,9 @@ class SshExecutor(Executor):
     def manifests(self, paths: list[str], cwd: str) -> dict[str, dict | None]:
         return self.call("manifests", {"paths": paths, "cwd": cwd})
 
+    def inside_roots(self, paths: list[str], roots: list[str], cwd: str) -> dict:
+        return self.call("inside_roots", {"paths": paths, "roots": roots, "cwd": cwd})
+
     def rsync_target(self, path: str) -> tuple[list[str] | None, str]:
         return self.ssh_argv(), f"{self.ssh.host}:{self.host_path(path)}"
 
