@@ -209,3 +209,61 @@ def test_a_webhook_url_from_the_environment(tmplab, monkeypatch):
     tmplab.write_lab("notify:\n  webhooks:\n    - {format: slack}\n")
     with pytest.raises(config.ConfigError, match="url_env"):
         config.load(tmplab.conf)
+
+
+class Redirector:
+    """A webhook that answers every POST with a redirect to its own /caught, and records /caught."""
+
+    def __init__(self, code: int):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        import threading
+        self.caught: list[str] = []
+        me = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self):
+                if self.path.startswith("/caught"):
+                    me.caught.append(self.command)
+                    self.send_response(200)
+                else:
+                    self.send_response(code)
+                    self.send_header("Location", f"http://127.0.0.1:{self.server.server_address[1]}/caught")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = _any
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_webhooks_follow_no_redirect_and_post_only_to_http(tmplab):
+    """O-7: a webhook that redirects is a failed delivery, not a request sent where it points; a
+    file:/ftp: URL is refused when the config loads (url:) or when it is read (url_env:)."""
+    hooks = [Redirector(302), Redirector(307)]
+    try:
+        tmplab.write_pipeline("stages:\n  a: {host: local, command: [\"true\"]}\n")
+        tmplab.write_lab("notify:\n  webhooks:\n" + "".join(f"    - {{url: '{h.url}'}}\n" for h in hooks))
+        p = tmplab.lab("notify", "test", check=False)
+        assert p.returncode == 1, p.stdout + p.stderr
+        assert p.stdout.count("redirect not followed") == 2, p.stdout
+        assert [h.caught for h in hooks] == [[], []]  # nothing reached where the redirect pointed
+    finally:
+        for h in hooks:
+            h.close()
+    tmplab.write_lab("notify:\n  webhooks:\n    - {url: 'file:///etc/passwd'}\n")
+    p = tmplab.lab("notify", "test", check=False)
+    assert p.returncode != 0 and "notify.webhooks" in p.stderr and "scheme file: is not allowed" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    tmplab.write_lab("notify:\n  webhooks:\n    - {url_env: EAGLELAB_TEST_HOOK}\n")
+    p = subprocess.run([str(REPO / "bin" / "lab"), "notify", "test"], capture_output=True, text=True, timeout=60,
+                       env={**tmplab.env(), "EAGLELAB_TEST_HOOK": "ftp://127.0.0.1/x"})
+    assert p.returncode != 0 and "$EAGLELAB_TEST_HOOK" in p.stderr + p.stdout and "scheme ftp:" in p.stderr + p.stdout

@@ -166,6 +166,8 @@ class WebhookConfig(_Strict):
         if (self.url is None) == (self.url_env is None):
             raise ValueError("give the webhook's `url:` or `url_env:` (the name of an environment variable "
                              "that holds it), one of the two")
+        if self.url is not None and webhook_url_problem(self.url):
+            raise ValueError(f"url: {webhook_url_problem(self.url)}")
         return self
 
     def resolved_url(self) -> str:
@@ -176,7 +178,27 @@ class WebhookConfig(_Strict):
             raise ConfigError(f"notify.webhooks: url_env {self.url_env!r} is not set in this environment "
                               f"(cron jobs see little of your shell's environment: set it in the crontab "
                               f"line or use url:)")
+        if webhook_url_problem(url):
+            raise ConfigError(f"notify.webhooks: the URL in ${self.url_env}: {webhook_url_problem(url)}")
         return url
+
+
+def webhook_url_problem(url: str) -> str | None:
+    """Why url cannot be a webhook (only http:// and https:// URLs with a host are posted to; a
+    file:, ftp: or data: URL would be read or written by urllib), or None. Never echoes the URL:
+    its path is the webhook's secret."""
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname
+    except ValueError:
+        return "not a URL; write it as https://HOST/PATH"
+    if parts.scheme.lower() not in ("http", "https"):
+        return (f"scheme {parts.scheme + ':' if parts.scheme else '(none)'} is not allowed; a webhook is an "
+                f"http:// or https:// URL")
+    if not host:
+        return "no host in the URL; write it as https://HOST/PATH"
+    return None
 
 
 class NotifyConfig(_Strict):

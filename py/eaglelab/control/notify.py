@@ -297,11 +297,30 @@ def kick_drainer(db_path: Path, locks_dir: Path, log_path: Path) -> None:
                          start_new_session=True, close_fds=True)
 
 
+class WebhookRefused(Exception):
+    """A URL or an answer that a webhook post does not follow (not http(s), a redirect)."""
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A webhook answers 2xx or fails: a redirect is never followed (it would send the message,
+    or a GET carrying the secret path's answer, wherever the server points: another host, file:)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise WebhookRefused(f"HTTP {code} redirect not followed (webhooks must answer 2xx themselves)")
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects, urllib.request.HTTPHandler, urllib.request.HTTPSHandler)
+
+
 def post(url: str, body: bytes, headers: dict[str, str], timeout: float = TIMEOUT_S) -> None:
-    """One attempt; raises on a non-2xx answer or no answer."""
+    """One attempt; raises on a non-2xx answer, a redirect, a URL that is not http(s), or no answer."""
+    from eaglelab.config import webhook_url_problem
+    problem = webhook_url_problem(url)
+    if problem:
+        raise WebhookRefused(problem)
     req = urllib.request.Request(url, data=body, headers={"User-Agent": "eaglelab-notify", **headers},
                                  method="POST")
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with _OPENER.open(req, timeout=timeout) as r:
         r.read(4096)
 
 
@@ -326,7 +345,9 @@ def _attempt(db_path: Path, row: dict) -> None:
         error = None
     except urllib.error.HTTPError as e:
         error = f"HTTP {e.code}"
-    except Exception as e:  # unreachable, refused, timeout, bad URL: all retried
+    except WebhookRefused as e:  # the same answer next time: no retry
+        error, row = f"refused: {e}", {**row, "attempts": MAX_ATTEMPTS - 1}
+    except Exception as e:  # unreachable, refused, timeout: all retried
         error = f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
     attempts = row["attempts"] + 1
     now = time.time()
