@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TmpLab
+from conftest import REPO, TmpLab, wait_for
 from test_cron import Receiver, _kill_drainer
 from eaglelab.control import cron as cronlib
 from eaglelab.control import notify
@@ -267,3 +267,29 @@ def test_webhooks_follow_no_redirect_and_post_only_to_http(tmplab):
     p = subprocess.run([str(REPO / "bin" / "lab"), "notify", "test"], capture_output=True, text=True, timeout=60,
                        env={**tmplab.env(), "EAGLELAB_TEST_HOOK": "ftp://127.0.0.1/x"})
     assert p.returncode != 0 and "$EAGLELAB_TEST_HOOK" in p.stderr + p.stdout and "scheme ftp:" in p.stderr + p.stdout
+
+
+def test_log_text_is_inert_in_slack_mrkdwn(tmplab):
+    """O-8: a stage's last words reach Slack as text: `<!channel>` pings nobody, a `<url|label>`
+    in a log is no link, `&` stays `&`; only the status page link is a link."""
+    r = Receiver()
+    try:
+        tmplab.write_lab(f"notify:\n  status_url: http://127.0.0.1:8765/?a=1&b=2\n  webhooks:\n"
+                         f"    - {{url: '{r.url}/s', format: slack}}\n")
+        tmplab.write_pipeline("""\
+            stages:
+              loud:
+                host: local
+                command: ["${python}", "-c", "raise RuntimeError('<!channel> see <http://evil.example|the fix> & @here')"]
+            """)
+        tmplab.lab("run", "loud", check=False)
+        tmplab.lab("status")  # whoever polls first queues the event
+        (got,) = wait_for(lambda: r.json("/s"), timeout=30)
+    finally:
+        _kill_drainer(tmplab)
+        r.close()
+    texts = [got["text"], got["blocks"][0]["text"]["text"], got["blocks"][1]["elements"][0]["text"]]
+    words = " ".join(texts)
+    assert "&lt;!channel&gt; see &lt;http://evil.example|the fix&gt; &amp; @\u200bhere" in words, texts
+    assert "<!" not in words and "<http://evil" not in words and "@here" not in words
+    assert texts[2].endswith("<http://127.0.0.1:8765/?a=1&amp;b=2|status page>"), texts[2]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -120,24 +121,35 @@ ICONS = {"completed": ("white_check_mark", "3"), "failed": ("x", "4"), "stalled"
          "pipeline_finished": ("checkered_flag", "3"), "gate_failed": ("no_entry", "4")}
 
 
+_MENTION = re.compile(r"@(?=(?:channel|here|everyone|all)\b)", re.IGNORECASE)
+
+
+def mrkdwn(value) -> str:
+    """Text from a log, a host or a path made inert in Slack mrkdwn: `&`, `<` and `>` escaped as
+    Slack asks (so `<!channel>`, `<@U123>` and `<http://x|y>` links stay text), and `@channel` /
+    `@here` broken with a zero-width space (Mattermost's mentions)."""
+    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MENTION.sub("@\u200b", text)
+
+
 def render(fmt: str, payload: dict) -> tuple[bytes, dict[str, str]]:
     """(body, headers) of one payload in one webhook format."""
     event, text, link = payload["event"], payload["text"], payload.get("status_url")
     icon, priority = ICONS.get(event, ("bell", "3"))
     if event == "pipeline_finished" and not payload.get("ok"):
         icon, priority = "x", "4"
-    if fmt == "slack":
-        detail = [f":{icon}: *{text}*"]
+    if fmt == "slack":  # every value is escaped (mrkdwn): a log line cannot ping the channel or add a link
+        detail = [f":{icon}: *{mrkdwn(text)}*"]
         if payload.get("reason") and payload["reason"] not in text:
-            detail.append(f"> {payload['reason']}")
-        ctx = [f"host `{payload.get('host')}`"]
+            detail.append(f"> {mrkdwn(payload['reason'])}")
+        ctx = [f"host `{mrkdwn(payload.get('host'))}`"]
         if payload.get("run_id"):
-            ctx.append(f"run `{payload['run_id']}`")
+            ctx.append(f"run `{mrkdwn(payload['run_id'])}`")
         if payload.get("log"):
-            ctx.append(f"log `{payload['log']}`")
-        if link:
-            ctx.append(f"<{link}|status page>")
-        body = {"text": f":{icon}: {text}",
+            ctx.append(f"log `{mrkdwn(payload['log'])}`")
+        if link:  # the lab's own status_url (config), escaped inside its link as Slack asks
+            ctx.append(f"<{mrkdwn(link).replace('|', '%7C')}|status page>")
+        body = {"text": f":{icon}: {mrkdwn(text)}",
                 "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(detail)}},
                            {"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(ctx)}]}]}
         return json.dumps(body).encode(), {"Content-Type": "application/json"}
