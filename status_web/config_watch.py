@@ -37,6 +37,20 @@ def _digest(path: Path) -> str | None:
         return None
 
 
+def public_message(e: Exception) -> str:
+    """What the page and /api/status may say of a failed load: a ConfigError's public text (file,
+    key, line: no value that could be a secret), an eaglelab error's message, else only its kind
+    (the whole error goes to the server's stderr for whoever runs it)."""
+    import sys
+    from eaglelab.errors import ConfigError, EaglelabError
+    print(f"lab web: the configuration does not load: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    if isinstance(e, ConfigError):
+        return e.public
+    if isinstance(e, EaglelabError):
+        return e.message
+    return f"{type(e).__name__} while loading the configuration; the server's output has the details"
+
+
 class ConfigWatch:
     """The current Lab of a conf dir. `profile`: None to follow lab.yaml's `profile:` on reload
     (`lab web` without --profile), else that profile stays."""
@@ -78,8 +92,7 @@ class ConfigWatch:
                 lab = self._load()
             except Exception as e:  # noqa: BLE001 - any failure keeps the page up, and is shown
                 self._failed = now_seen
-                self.error = {"at": utcnow_iso(self.clock()), "files": changed,
-                              "message": getattr(e, "message", None) or f"{type(e).__name__}: {e}"}
+                self.error = {"at": utcnow_iso(self.clock()), "files": changed, "message": public_message(e)}
                 return self._lab
             self._lab = lab
             new_files = config_files(lab.cfg)  # the profile itself may have changed (lab.yaml's `profile:`)

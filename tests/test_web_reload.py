@@ -148,3 +148,37 @@ def test_the_watch_follows_lab_yamls_profile_and_a_put_back_file_clears_the_erro
         assert "other.yaml" in str(e)
     (tmplab.conf / "profiles" / "other.yaml").write_bytes(good)  # put back as it was
     assert watch.for_action() is new and watch.error is None
+
+
+def test_a_reload_error_puts_no_config_value_on_the_page(tmplab):
+    """O-4: a config that does not load is named on /api/status and the page by file, key and line,
+    never by the values there: a webhook URL, a stage's env: secret, YAML's quote of a line."""
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.write_profile("test", profile(tmplab.root / "out.txt"))
+    port = free_port()
+    web = start(tmplab, port)
+    good = (tmplab.conf / "lab.yaml").read_text()
+    prof = profile(tmplab.root / "out.txt")
+    broken = [  # (file, text, what the error names instead of the value)
+        ("lab.yaml", good + "notify:\n  webhooks:\n    - {url: 'https://hooks.example/T0/B0/SECRET-HOOK', "
+                            "url_env: LAB_HOOK}\n", "notify.webhooks.0"),
+        ("profiles/test.yaml", prof + "stages:\n  write:\n    env: {HF_TOKEN: [hf_SECRET-ENV]}\n",
+         "stages.write.env.HF_TOKEN"),
+        ("profiles/test.yaml", prof + "stages:\n  write:\n    env:\n      HF_TOKEN: \"hf_SECRET-YAML\n      X: 1\n",
+         "not valid YAML at line "),
+    ]
+    try:
+        for name, text, names in broken:
+            (tmplab.conf / "lab.yaml").write_text(good)
+            (tmplab.conf / name).write_text(text)
+            error = wait_for(lambda: (e := json.loads(get(port, "/api/status")[1])["config"]["error"])
+                             and names in e["message"] and e, timeout=20)
+            page = get(port, "/")[1]
+            assert "SECRET" not in json.dumps(error) and "SECRET" not in page, (name, error)
+            assert name in error["message"] and "config-error" in page, error
+            code, body = rerun(port)
+            assert code == 409 and "SECRET" not in json.dumps(body), body
+    finally:
+        if web.poll() is None:
+            os.killpg(web.pid, signal.SIGTERM)
+            web.wait(timeout=30)

@@ -432,8 +432,9 @@ def _substitute(value: str, variables: _ResolvedVars, where: str) -> str:
         if resolved is not None:
             return resolved
         if m.group(2) is not None:  # ${name}: surely meant as a variable
-            raise ConfigError(f"{where}: unknown variable ${{{name}}} in {value!r}"
-                              f"{did_you_mean(name, variables.raw)}; define it under `vars:`")
+            hint = f"{did_you_mean(name, variables.raw)}; define it under `vars:`"
+            raise ConfigError(f"{where}: unknown variable ${{{name}}} in {value!r}{hint}",
+                              public=f"{where}: unknown variable ${{{name}}}{hint}")
         return m.group(0)  # $word that is no variable: literal text
 
     out = _VAR_TOKEN.sub(one, value)
@@ -493,7 +494,13 @@ def _load_yaml(path: Path) -> dict:
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None)
+        # the terminal gets YAML's own message with the line's text; the page only where, and what
+        raise ConfigError(f"{path}: not valid YAML: {e}",
+                          public=f"{path}: not valid YAML{where}" + (f": {problem}" if problem else "")
+                          + "; run `lab plan` for the details") from None
     if _expanded_size(data) > MAX_YAML_NODES:
         raise ConfigError(f"{path}: expands to over {MAX_YAML_NODES:,} values through its aliases (&/*); "
                           f"write the values out, or use fewer nested aliases")
@@ -551,9 +558,19 @@ def _validate(model: type[BaseModel], data: dict, files: list[Path], sections: l
                 hint = (f"unknown key{did_you_mean(str(loc[-1]), allowed)}; allowed: {', '.join(allowed)}"
                         if allowed else "unknown key")
                 del parent
-            shown = "" if err["type"] in ("missing", "extra_forbidden") else f" = {bad!r}"
+            shown = "" if err["type"] in ("missing", "extra_forbidden") or not _showable(loc, bad) else f" = {bad!r}"
             lines.append(f"{file}: {key}{shown}: {hint}")
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+SECRET_KEYS = {"env", "notify"}  # stage env: values and webhook URLs are secrets (README "Secrets")
+
+
+def _showable(loc: tuple, value) -> bool:
+    """May an error quote this value? Plain scalars outside the secret-bearing keys only: an error
+    reaches terminals, cron logs and the status page's banner (O-4)."""
+    scalar = value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 200)
+    return scalar and not SECRET_KEYS & {str(p) for p in loc}
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:

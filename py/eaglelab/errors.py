@@ -10,7 +10,12 @@ class EaglelabError(click.ClickException):
 
 
 class ConfigError(EaglelabError):
-    """conf/*.yaml is missing, unparsable or invalid."""
+    """conf/*.yaml is missing, unparsable or invalid. `public`: the message as the status page may
+    show it (file, key, line; no value that could be a secret); the full one is for the terminal."""
+
+    def __init__(self, message: str, public: str | None = None):
+        super().__init__(message)
+        self.public = public if public is not None else message
 
 
 class RegistryError(EaglelabError):
