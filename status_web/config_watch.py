@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from eaglelab.fsutil import utcnow_iso
+from eaglelab.fsutil import read_regular_file, utcnow_iso
 
 
 class ConfigStale(Exception):
@@ -32,7 +32,7 @@ def config_files(cfg) -> list[Path]:
 
 def _digest(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return hashlib.sha256(read_regular_file(path)).hexdigest()  # a FIFO put there: never waited on
     except OSError:  # removed, unreadable: a change too (the load will say what is wrong)
         return None
 

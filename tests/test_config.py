@@ -240,3 +240,28 @@ def test_the_repo_profiles_fit_their_length_budget():
         v = config.load(config.REPO_ROOT / "conf", profile).pipeline.vars
         p, g, s, m = (int(v[k]) for k in ("prompt_max_tokens", "synth_max_tokens", "seq_length", "max_model_len"))
         assert p + g <= s < m, (profile, p, g, s, m)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_device_in_place_of_a_conf_file_is_refused_not_waited_on(tmplab, kind):
+    """O-14: `lab` with a FIFO for pipeline.yaml waited forever (and /dev/zero would be read
+    forever); both are refused at once, naming the file and what it is."""
+    import os
+    import subprocess
+    import time
+    tmplab.write_pipeline(PIPELINE)
+    target = tmplab.conf / "pipeline.yaml"
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.symlink_to("/dev/zero")
+    started = time.monotonic()
+    try:
+        p = tmplab.lab("plan", check=False, timeout=20)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("lab plan waited on the conf file") from None
+    took = time.monotonic() - started
+    what = "a FIFO (named pipe)" if kind == "fifo" else "a character device"
+    assert p.returncode != 0 and f"{target}: {what}, not a regular file" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and took < 15, took

@@ -483,13 +483,16 @@ def _expanded_size(data: Any, memo: dict | None = None) -> int:
 
 
 def _load_yaml(path: Path) -> dict:
+    from .fsutil import NotAFile, read_regular_file
     try:
-        text = path.read_text()
+        text = read_regular_file(path).decode()
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found (copy it from the repository's conf/)") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:  # a directory, a FIFO, no permission
+    except NotAFile as e:  # a FIFO would be waited on forever, /dev/zero read forever: refused
+        raise ConfigError(f"{path}: {e}; put the YAML file itself there") from None
+    except OSError as e:  # a directory, no permission
         raise ConfigError(f"{path}: cannot be read as a file ({e.strerror or e})") from None
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass

@@ -52,3 +52,37 @@ def read_json(path: str | os.PathLike) -> Any | None:
             return json.loads(f.read())
     except (FileNotFoundError, NotADirectoryError, ValueError, OSError):
         return None
+
+
+class NotAFile(OSError):
+    """A path that is there but is no regular file (a FIFO, a device, a socket, a directory)."""
+
+
+MAX_CONF_BYTES = 8 << 20  # a configuration file is a few KiB; anything past this is no config
+
+
+def read_regular_file(path: str | os.PathLike, limit: int = MAX_CONF_BYTES) -> bytes:
+    """The bytes of a regular file, never waiting: opened non-blocking (a FIFO with no writer
+    would block a plain open forever, a device like /dev/zero never ends), then refused unless
+    fstat says it is a regular file of at most limit bytes. NotAFile names what it is instead."""
+    import stat
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else
+                    "a character device" if stat.S_ISCHR(st.st_mode) else
+                    "a block device" if stat.S_ISBLK(st.st_mode) else
+                    "a socket" if stat.S_ISSOCK(st.st_mode) else
+                    "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
+            raise NotAFile(f"{kind}, not a regular file")
+        if st.st_size > limit:
+            raise NotAFile(f"{st.st_size:,} bytes, over the {limit:,} a configuration file may have")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = -1
+            return f.read(limit + 1)[:limit]
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
