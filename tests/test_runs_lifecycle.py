@@ -463,3 +463,33 @@ def test_status_without_refresh_shows_a_never_contacted_host_as_not_contacted_ye
     after = json.loads(tmplab.lab("status", "--no-refresh", "--json").stdout)["hosts"][0]
     assert (after["contacted"], after["reachable"]) == (True, True)
     assert "not contacted yet" not in tmplab.lab("status", "--no-refresh").stdout
+
+
+def test_a_local_launch_that_fails_is_an_error_not_a_traceback(tmplab):
+    """O-13: a local launch that cannot start (here: jobwrap's interpreter exits at once) and a
+    `lab stop` of a run whose meta.json was damaged printed raw LaunchError / BadRecord tracebacks."""
+    tmplab.write_lab(f"  broken:\n    reach: local\n    work_dir: {tmplab.work}\n    python: /bin/false\n")
+    tmplab.write_pipeline(PIPELINE + """\
+  nostart:
+    host: broken
+    command: ["true"]
+""")
+    p = tmplab.lab("run", "nostart", check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "host 'broken': nostart: jobwrap exited 1 before starting the stage" in p.stderr, p.stderr[-500:]
+
+
+def test_a_stop_of_a_damaged_run_is_an_error_not_a_traceback(tmplab):
+    import shutil
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "sleeper", "--detach")
+    (rd,) = tmplab.run_dirs()
+    run = {"id": rd.name, **tmplab.wait_for(lambda: (m := json.loads((rd / "meta.json").read_text())).get("pgid") and m)}
+    os.killpg(run["pgid"], signal.SIGKILL)
+    (rd / "meta.json").write_text("{damaged")  # the registry still says running
+    try:
+        p = tmplab.lab("stop", run["id"], check=False)
+    finally:
+        shutil.rmtree(rd)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert f"host 'local': cannot stop {run['id']}" in p.stderr and "meta.json" in p.stderr, p.stderr

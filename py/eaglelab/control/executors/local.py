@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
+from eaglelab.errors import HostError
 from eaglelab.host import hostfacts, hostside, machine
+from eaglelab.model import BadRecord
 from .base import Executor, local_repo_dir
 
 
@@ -36,13 +38,20 @@ class LocalExecutor(Executor):
         return sizes.measure_all(requests, cwd)
 
     def launch(self, spec: dict) -> dict:
-        return hostside.launch(self.work_dir, {**spec, "python": spec.get("python") or self.python})
+        try:
+            return hostside.launch(self.work_dir, {**spec, "python": spec.get("python") or self.python})
+        except hostside.LaunchError as e:  # an error to read, as over ssh, never a traceback
+            raise HostError(f"host {self.host.name!r}: {e}") from None
 
     def report(self, stage: str | None = None) -> dict:
         return hostside.report(self.work_dir, stage)
 
     def stop(self, run_id: str, grace_s: float = 30.0) -> dict:
-        return hostside.stop(self.work_dir, run_id, grace_s)
+        try:
+            return hostside.stop(self.work_dir, run_id, grace_s)
+        except BadRecord as e:  # its directory vanished or was damaged: nothing is signalled
+            raise HostError(f"host {self.host.name!r}: cannot stop {run_id}: {e}; nothing was signalled "
+                            f"(`lab status` shows what the host reports of it)") from None
 
     def ready(self, run_id: str, url: str | None, log_regex: str | None) -> bool:
         return hostside.ready(self.work_dir, run_id, url, log_regex)["ready"]
