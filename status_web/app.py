@@ -7,6 +7,7 @@ render; Jinja autoescapes every value. Reading needs no token unless `read_token
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import io
@@ -118,11 +119,20 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
     snap = st.snapshot
 
     # -- tokens ------------------------------------------------------------------------------
+    # Two credentials. Reading: the token in an Authorization header, or the read cookie, which
+    # holds only read_credential(token) (browsers send a host's cookies to every port of it: a
+    # neighbour's server on another port gets the cookie and must not be able to act with it).
+    # Acting: the token itself, in an Authorization header only (a cookie never authorizes a POST,
+    # so no other page can make the browser act either).
+    read_cookie = read_credential(st.token) if st.token else None
+
     def bearer_ok() -> bool:
         header = request.headers.get("Authorization", "")
         given = header[7:].strip() if header[:7].lower() == "bearer " else ""
-        given = given or request.cookies.get("eaglelab_token", "")
-        return bool(st.token and given and hmac.compare_digest(given.encode(), st.token.encode()))
+        if st.token and given:
+            return hmac.compare_digest(given.encode(), st.token.encode())
+        cookie = request.cookies.get(READ_COOKIE, "")
+        return bool(read_cookie and cookie and hmac.compare_digest(cookie.encode(), read_cookie.encode()))
 
     def unauthorized(msg: str) -> Response:
         resp = jsonify({"error": msg})
@@ -147,7 +157,7 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
             # go back to the same path without it (never through url_for: any query key is allowed)
             rest = urlencode([(k, v) for k, v in request.args.items(multi=True) if k != "token"])
             resp = redirect(request.path + (f"?{rest}" if rest else ""))
-            resp.set_cookie("eaglelab_token", q, httponly=True, samesite="Strict")
+            resp.set_cookie(READ_COOKIE, read_cookie, httponly=True, samesite="Strict", path="/")
             return resp
         if not bearer_ok():
             return unauthorized("reading needs the token: Authorization: Bearer <token> (or open ?token=...)")
@@ -347,6 +357,15 @@ def overview_ctx(status: dict, now: float) -> dict:
                                          y_label=p["y_label"], css_class="chart rate")}
              for p in model.rate_plots(status)]
     return {"ov": ov, "tl": tl, "gantt": svg.gantt(tl), "plots": plots, "profile": status.get("profile")}
+
+
+READ_COOKIE = "eaglelab_read"
+
+
+def read_credential(token: str) -> str:
+    """What the read cookie holds: derived from the token one way (HMAC-SHA256), so it opens the
+    page for reading and nothing else: the token cannot be recovered from it to act."""
+    return hmac.new(token.encode(), b"eaglelab read cookie v1", hashlib.sha256).hexdigest()
 
 
 def host_name(host: str) -> str:

@@ -182,3 +182,51 @@ def test_a_reload_error_puts_no_config_value_on_the_page(tmplab):
         if web.poll() is None:
             os.killpg(web.pid, signal.SIGTERM)
             web.wait(timeout=30)
+
+
+def test_the_read_cookie_cannot_act(tmplab):
+    """O-1: with --read-token the browser's cookie held the token itself, and browsers send a host's
+    cookies to every port: another user's server on a neighbouring port got it and replayed a
+    rerun. The cookie now holds a read-only credential; actions take the token in a header only."""
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.write_profile("test", profile(tmplab.root / "out.txt"))
+    port = free_port()
+    env = {**tmplab.env(), "EAGLELAB_TOKEN": TOKEN}
+    web = subprocess.Popen([str(LAB), "web", "--port", str(port), "--read-token", "--refresh", "0.5"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a, **kw):
+            return None
+    opener = urllib.request.build_opener(NoRedirect)
+
+    def ask(path, method="GET", headers=None):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, headers=headers or {},
+                                     data=b"" if method == "POST" else None)
+        try:
+            with opener.open(req, timeout=15) as r:
+                return r.status, dict(r.headers), r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), e.read().decode()
+        except OSError:
+            return 0, {}, ""
+    try:
+        wait_for(lambda: ask("/healthz")[0] == 200, timeout=30)
+        code, headers, _ = ask(f"/?token={TOKEN}")  # a browser opens the page once with the token
+        assert code == 302 and "HttpOnly" in headers["Set-Cookie"], headers
+        cookie = headers["Set-Cookie"].split(";")[0]
+        assert TOKEN not in headers["Set-Cookie"], headers["Set-Cookie"]
+        wait_for(lambda: ask("/api/status", headers={"Cookie": cookie})[0] == 200, timeout=30)  # it reads
+        assert ask("/api/status")[0] == 401  # and without it, nothing
+        value = cookie.split("=", 1)[1]
+        for replay in ({"Cookie": cookie}, {"Authorization": f"Bearer {value}"},
+                       {"Cookie": cookie, "Authorization": f"Bearer {value}"}):  # the neighbour's replays
+            code, _, body = ask("/api/stages/write/rerun", "POST", replay)
+            assert code == 401, (replay, code, body)
+        assert not (tmplab.root / "out.txt").exists() and not tmplab.run_dirs()
+        code, _, body = ask("/api/stages/nosuch/rerun", "POST", {"Authorization": f"Bearer {TOKEN}"})
+        assert code == 404 and "no stage 'nosuch'" in body, body  # the token, in the header, gets past the gate
+    finally:
+        if web.poll() is None:
+            os.killpg(web.pid, signal.SIGTERM)
+            web.wait(timeout=30)
