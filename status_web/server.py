@@ -10,22 +10,96 @@ import logging
 import re
 import time
 
-from waitress import create_server
+from waitress.adjustments import Adjustments
+from waitress.channel import HTTPChannel
+from waitress.server import TcpWSGIServer
 
 THREADS = 8  # worker threads: each request is a dict lookup and a write
-CONNECTION_LIMIT = 200  # open connections past this wait in the listen backlog
-CHANNEL_TIMEOUT_S = 30  # an idle (or stalled mid-request) connection is closed after this
+CONNECTION_LIMIT = 200  # open connections; at the limit a new one evicts the longest-waiting unserved one
+CHANNEL_TIMEOUT_S = 30  # an idle connection (keep-alive, no request) is closed after this
+REQUEST_READ_S = 10  # a request must arrive whole (headers and body) within this of its first byte
+PER_CLIENT_UNSERVED = 32  # connections one address may hold with no request being served (a browser: ~6)
 ACCESS_LOG = logging.getLogger("eaglelab.web.access")
 _TOKEN_ARG = re.compile(r"(^|&)(token=)[^&]*", re.IGNORECASE)
+
+
+class GuardedChannel(HTTPChannel):
+    """A connection that knows since when it has been receiving its current request."""
+
+    reading_since: float | None = None  # the first byte of the request not yet complete; None: none
+
+    def received(self, data):
+        began = time.time() if self.request is None else self.reading_since
+        out = super().received(data)
+        self.reading_since = None if self.request is None else (self.reading_since or began or time.time())
+        return out
+
+    @property
+    def unserved(self) -> bool:
+        """No request of it is being answered: it is idle or still sending one."""
+        return not self.requests and not self.total_outbufs_len
+
+    def waiting_since(self) -> float:
+        return self.reading_since or self.last_activity
+
+
+class GuardedServer(TcpWSGIServer):
+    """waitress with slowloris bounds (a client that sends a header line every few seconds kept
+    waitress's every connection for minutes, its idle timeout being reset by each line):
+    - a request must arrive whole within REQUEST_READ_S of its first byte, or its connection closes;
+    - one address holds at most PER_CLIENT_UNSERVED connections that are idle or still sending:
+      past that, its longest-waiting one is closed;
+    - at CONNECTION_LIMIT a new connection is still accepted, and the longest-waiting unserved
+      connection is closed for it, so a client that sends its request at once is always answered."""
+
+    channel_class = GuardedChannel
+
+    def readable(self):
+        super().readable()  # its maintenance (timeouts) runs; accepting never pauses
+        return self.accepting
+
+    def maintenance(self, now):
+        super().maintenance(now)
+        for channel in list(self.active_channels.values()):
+            since = getattr(channel, "reading_since", None)
+            if since is not None and now - since > REQUEST_READ_S and not channel.requests:
+                channel.will_close = True
+
+    def _evict(self, channels) -> bool:
+        """Close the unserved channel among these that has waited longest; False if none."""
+        waiting = [c for c in channels if isinstance(c, GuardedChannel) and c.unserved and not c.will_close]
+        if not waiting:
+            return False
+        min(waiting, key=GuardedChannel.waiting_since).handle_close()
+        return True
+
+    def handle_accept(self):
+        try:
+            v = self.accept()
+            if v is None:
+                return
+            conn, addr = v
+            self.set_socket_options(conn)
+        except OSError:
+            return
+        addr = self.fix_addr(addr)
+        if len(self.active_channels) >= self.adj.connection_limit and not self._evict(self.active_channels.values()):
+            conn.close()  # every connection is being answered: this one waits for none of them
+            return
+        channel = self.channel_class(self, conn, addr, self.adj, map=self._map)
+        mine = [c for c in self.active_channels.values() if c is not channel and c.addr[:1] == addr[:1]
+                and isinstance(c, GuardedChannel) and c.unserved]
+        if len(mine) >= PER_CLIENT_UNSERVED:
+            self._evict(mine)
 
 
 def make(app, host: str, port: int, access_log: bool = False):
     """A waitress server bound to host:port (not yet serving: call .run(); .close() to end).
     `.effective_port` is the bound port."""
-    return create_server(AccessLog(app) if access_log else app, host=host, port=port, threads=THREADS,
-                         connection_limit=CONNECTION_LIMIT, channel_timeout=CHANNEL_TIMEOUT_S,
-                         cleanup_interval=5, asyncore_use_poll=True, ident="eaglelab",
-                         clear_untrusted_proxy_headers=True)
+    adj = Adjustments(host=host, port=port, threads=THREADS, connection_limit=CONNECTION_LIMIT,
+                      channel_timeout=CHANNEL_TIMEOUT_S, cleanup_interval=1, asyncore_use_poll=True,
+                      ident="eaglelab", clear_untrusted_proxy_headers=True)
+    return GuardedServer(AccessLog(app) if access_log else app, adj=adj)
 
 
 def redact_query(query: str) -> str:

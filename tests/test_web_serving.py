@@ -127,3 +127,83 @@ def test_api_run_is_cached_per_snapshot():
     assert ("api_run", TRAIN) not in snapshot.current.cache  # a new snapshot: built again
     assert c.get(f"/api/runs/{TRAIN}").get_json() == first
     assert c.get("/api/runs/nope").status_code == 404
+
+
+def _closed_by_server(s) -> bool:
+    s.setblocking(False)
+    try:
+        return s.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # reset
+        return True
+
+
+def test_slowloris_never_holds_the_page(tmplab):
+    """O-2: 220 sockets from 127.0.0.1 each sending a header line now and then held all 200 of
+    waitress's connections (each line reset its idle timeout): /api/status went unanswered. The
+    real `lab web` answers during the attack, and one address keeps at most PER_CLIENT_UNSERVED
+    connections that send no complete request."""
+    import socket
+    import time
+    import urllib.request
+    from test_web_browser import free_port, start_web, stop_web
+    tmplab.write_pipeline('stages:\n  a: {host: local, command: ["true"]}\n')
+    port = free_port()
+    web = start_web(tmplab, port)
+    slow = []
+    try:
+        for _ in range(220):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never the blank line
+            slow.append(s)
+        for s in slow:  # still trickling
+            try:
+                s.sendall(b"X-Slow: 1\r\n")
+            except OSError:
+                pass
+        began = time.monotonic()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=5) as r:
+            assert r.status == 200 and b'"schema"' in r.read()
+        assert time.monotonic() - began < 3
+        time.sleep(0.5)
+        still_open = sum(not _closed_by_server(s) for s in slow)
+        assert still_open <= server.PER_CLIENT_UNSERVED, still_open
+    finally:
+        for s in slow:
+            s.close()
+        stop_web(web)
+
+
+def test_a_request_that_takes_too_long_to_arrive_is_closed(monkeypatch):
+    """The header-read bound: a request whose headers still trickle in REQUEST_READ_S after its
+    first byte has its connection closed, however often a line arrives (here the bound is 1 s)."""
+    import socket
+    import time
+    monkeypatch.setattr(server, "REQUEST_READ_S", 1)
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+    srv = server.make(app, "127.0.0.1", 0)
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    s = socket.create_connection(("127.0.0.1", srv.effective_port), timeout=5)
+    try:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        began, closed = time.monotonic(), False
+        while time.monotonic() - began < 4 and not closed:
+            time.sleep(0.25)
+            try:
+                s.sendall(b"X-Slow: 1\r\n")
+            except OSError:
+                closed = True
+            closed = closed or _closed_by_server(s)
+            s.setblocking(True)
+        assert closed and 1 <= time.monotonic() - began < 3.5, time.monotonic() - began
+    finally:
+        from waitress import wasyncore
+        s.close()
+        srv.task_dispatcher.shutdown()
+        wasyncore.close_all(srv._map)  # the loop ends with an empty map
+        t.join(5)
