@@ -493,3 +493,35 @@ def test_a_stop_of_a_damaged_run_is_an_error_not_a_traceback(tmplab):
         shutil.rmtree(rd)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert f"host 'local': cannot stop {run['id']}" in p.stderr and "meta.json" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("plant", ["runs_of_another_user", "runs_0777", "work_parent_0777", "logs_of_another_user"])
+def test_a_folder_on_the_lab_path_that_others_could_write_is_refused(tmplab, plant):
+    """O-3: a pre-made 0777 `runs/` of another user let them rename a live run's directory (then
+    `lab stop` crashed, `lab run` attached to a phantom). Every folder the lab writes in, and each
+    one above it, is checked for owner and mode before anything is written; refused, naming it."""
+    nobody = 65534
+    tmplab.write_pipeline(PIPELINE)
+    if plant == "work_parent_0777":  # the work dir under a folder anyone may rename things in
+        shared = tmplab.root / "shared"
+        shared.mkdir()
+        shared.chmod(0o777)
+        tmplab.work = shared / "work"
+        tmplab.write_lab()
+        bad, why = shared, "has mode 777: others may rename what is in it"
+    elif plant == "logs_of_another_user":
+        tmplab.logs.mkdir()
+        os.chown(tmplab.logs, nobody, nobody)
+        bad, why = tmplab.logs, f"belongs to uid {nobody}, not to you"
+    else:
+        bad = tmplab.work / "runs"
+        bad.mkdir(parents=True)
+        bad.chmod(0o777)
+        if plant == "runs_of_another_user":
+            os.chown(bad, nobody, nobody)
+        why = f"belongs to uid {nobody}, not to you" if plant == "runs_of_another_user" else "has mode 777"
+    p = tmplab.lab("run", "envdump", check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert str(bad) in p.stderr and why in p.stderr and "Move it aside" in p.stderr, p.stderr
+    runs = tmplab.work / "runs"
+    assert not runs.is_dir() or list(runs.iterdir()) == []  # nothing was started

@@ -86,3 +86,47 @@ def read_regular_file(path: str | os.PathLike, limit: int = MAX_CONF_BYTES) -> b
         if fd >= 0:
             os.close(fd)
 
+
+class UntrustedFolder(OSError):
+    """A folder the lab writes in that another user could rename, replace or fill."""
+
+
+def untrusted_folder(path: str | os.PathLike) -> str | None:
+    """Why the folder at path cannot be trusted with the lab's files, or None. The folder itself
+    must be a real directory (not a link) of this user that nobody else may write to; each folder
+    above it must belong to this user or root and, if others may write to it, be sticky (as /tmp
+    is: nobody can rename what is ours there). A pre-made 0777 `runs/` of another user let them
+    rename a live run's directory."""
+    import stat
+    uid = os.getuid()
+    p = Path(os.path.abspath(path))
+    st = os.lstat(p)
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{p} is not a directory (a link or a file in its place)"
+    if st.st_uid != uid:
+        return f"{p} belongs to uid {st.st_uid}, not to you (uid {uid})"
+    if mode & 0o022:
+        return f"{p} has mode {mode:o}: others may write to it"
+    for parent in p.parents:
+        st = os.stat(parent)
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in (uid, 0):
+            return f"{parent} (above {p}) belongs to uid {st.st_uid}, neither you (uid {uid}) nor root"
+        if mode & 0o022 and not mode & stat.S_ISVTX:
+            return f"{parent} (above {p}) has mode {mode:o}: others may rename what is in it"
+    return None
+
+
+def trusted_folder(path: str | os.PathLike, what: str) -> Path:
+    """path, made (0700) if missing, refused with UntrustedFolder naming why and the fix unless
+    untrusted_folder() finds nothing wrong."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True, mode=0o700)
+    why = untrusted_folder(p)
+    if why:
+        raise UntrustedFolder(f"{what} {p}: {why}; another user could rename or replace what the lab "
+                              f"writes there. Move it aside (or `chown` it to you and `chmod go-w` it, "
+                              f"and the folders above it) and try again")
+    return p
+

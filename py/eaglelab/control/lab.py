@@ -36,6 +36,12 @@ STAGE_SHARED_CODE = tuple(REPO_ROOT / "py" / "eaglelab" / p for p in ("stages/co
 class Lab:
     def __init__(self, cfg: Config, registry: Registry | None = None):
         self.cfg = cfg
+        if registry is None:
+            from eaglelab.fsutil import UntrustedFolder, trusted_folder
+            try:  # the registry, mirrored logs, locks: in a folder nobody else can rename things in
+                trusted_folder(cfg.logs_dir, "logs_dir")
+            except UntrustedFolder as e:
+                raise EaglelabError(f"{e} (logs_dir is set in {cfg.conf_dir / 'lab.yaml'})") from None
         self.registry = registry or Registry(cfg.logs_dir / "registry.sqlite")
         self._executors: dict[str, Executor] = {}
         from . import notify  # stage completed/failed/stalled -> webhooks, seen as the registry learns it

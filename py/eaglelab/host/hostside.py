@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from eaglelab.fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
+from eaglelab.fsutil import UntrustedFolder, atomic_write_json, parse_iso, read_json, trusted_folder, utcnow_iso
 from eaglelab.model import BadRecord, Exit, Meta, check, decide_end, signal_text
 from . import hostfacts, machine, sizes
 from .jobwrap import group_alive
@@ -56,7 +56,10 @@ def launch(work_dir: str, spec: dict, wait_s: float = 10.0) -> dict:
     """
     run_id = spec.get("run_id") or new_run_id(spec["stage"])
     run_dir = _run_dir(work_dir, run_id)
-    run_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # runs/: private (meta holds the env)
+    try:  # runs/: private (meta holds the env), and no folder on its path open to others
+        trusted_folder(run_dir.parent, "the run directories' folder")
+    except UntrustedFolder as e:
+        raise LaunchError(f"{spec['stage']}: {e}; nothing was started") from None
     run_dir.mkdir(exist_ok=False, mode=0o700)
     meta = {"schema": 1, "run_id": run_id, "stage": spec["stage"], "host": spec.get("host", "local"),
             "profile": spec.get("profile"), "fingerprint": spec.get("fingerprint"),

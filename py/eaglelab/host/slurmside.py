@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import hostside, machine
-from eaglelab.fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
+from eaglelab.fsutil import UntrustedFolder, atomic_write_json, parse_iso, read_json, trusted_folder, utcnow_iso
 from eaglelab.model import BadRecord
 
 SLURM_TIMEOUT_S = 30
@@ -110,7 +110,11 @@ def submit(work_dir: str, spec: dict, opts: dict) -> dict:
     """Make the run directory, sbatch the job; the run's meta with its `slurm` block."""
     run_id = spec.get("run_id") or hostside.new_run_id(spec["stage"])
     run_dir = hostside._run_dir(work_dir, run_id)
-    run_dir.mkdir(parents=True, exist_ok=False)
+    try:
+        trusted_folder(run_dir.parent, "the run directories' folder")
+    except UntrustedFolder as e:
+        raise SlurmCommandError(f"{spec['stage']}: {e}; nothing was submitted") from None
+    run_dir.mkdir(exist_ok=False)
     cwd = spec.get("cwd") or os.getcwd()
     meta = {"schema": 1, "run_id": run_id, "stage": spec["stage"], "host": spec.get("host", "local"),
             "profile": spec.get("profile"), "fingerprint": spec.get("fingerprint"),
