@@ -33,11 +33,7 @@ from .. import manifest
 from ..errors import StageError
 from ..fsutil import read_json
 from . import common, shards
-from .serve import SERVER_INFO, extraction_layers
-
-
-def hs_path(out: Path, idx: int) -> Path:
-    return out / f"hs_{idx}.safetensors"
+from .common import SERVER_INFO, TRIMMED_DATA, extraction_layers, hs_path
 
 
 def rank_indices(num_samples: int, max_samples: int | None, world_size: int, rank: int) -> list[int]:
@@ -394,7 +390,6 @@ def run_transformers(model_dir: Path, dataset, todo: list[int], out: Path, aux_l
 
 # ---- the length cap --------------------------------------------------------------------------
 
-TRIMMED_DATA = "dataset"  # <out>/dataset: the prepared rows, those at the cap trimmed (when any is)
 
 
 def server_max_model_len(endpoint: str, timeout: float = 30.0) -> int:

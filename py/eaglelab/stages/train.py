@@ -21,7 +21,6 @@ this process only: the model and batches go to "cpu" instead of `local_rank` 0, 
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from .. import manifest
 from ..errors import StageError
 from ..fsutil import read_json
 from . import common, warm_start as warm
+from .common import TRIMMED_DATA, completed_epochs, hs_path
 
 DRAFTER_LINK = "drafter"  # <out>/drafter -> the last epoch's checkpoint
 
@@ -109,18 +109,6 @@ def torchrun_argv(nproc: int, out_dir: Path, stage_args: list[str]) -> list[str]
             "--tee", "3", "--log-dir", str(out_dir / TORCHRUN_LOGS), "-m", "eaglelab.stages.train", *stage_args]
 
 
-def completed_epochs(save_path: Path) -> list[int]:
-    """Epoch checkpoints that are whole (config + weights), ascending."""
-    if not save_path.is_dir():
-        return []
-    done = []
-    for d in save_path.iterdir():
-        if d.is_dir() and not d.is_symlink() and re.fullmatch(r"\d+", d.name):
-            if (d / "config.json").is_file() and (d / "model.safetensors").is_file():
-                done.append(int(d.name))
-    return sorted(done)
-
-
 def _rows(path: Path) -> int:
     from datasets import load_from_disk
     return len(load_from_disk(str(path)))
@@ -142,7 +130,6 @@ def smoke_inputs(data: Path, hidden_states: Path, out_dir: Path, prepared: str, 
 
     from datasets import load_from_disk
 
-    from .extract import TRIMMED_DATA, hs_path
 
     def of_these_rows() -> bool:
         doc = manifest.read(hidden_states) or read_json(hidden_states / manifest.CLAIM) or {}
