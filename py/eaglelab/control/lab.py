@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,16 +20,14 @@ from filelock import FileLock
 
 from eaglelab import __version__
 from eaglelab import config as config_mod
-from . import preflight
-from eaglelab.config import REPO_ROOT, Config, StageConfig
+from . import preflight, stage_code
+from eaglelab.config import Config, StageConfig
 from eaglelab.errors import EaglelabError, HostError, StageError
 from .executors import Executor, HostUnreachable, for_host
 from eaglelab.fsutil import parse_iso
 from eaglelab.control.registry import Registry
 
 from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, check, exit_text
-# Code every stage script leans on: a change here is a change of every stage that uses it.
-STAGE_SHARED_CODE = tuple(REPO_ROOT / "py" / "eaglelab" / p for p in ("stages/common.py", "manifest.py"))
 
 
 class Lab:
@@ -43,6 +40,7 @@ class Lab:
         self.ignore_gates = False  # --ignore-gates (eaglelab.control.gates)
         self.gate_failures: dict[str, list[str]] = {}  # run id -> why its gate stopped it
         self.side_runs = None  # the pilot and smoke jobs of the pipeline being run (control/side_runs.py)
+        self.code_root = stage_code.SOURCE_ROOT  # where the code that fingerprints hash lives (py/)
 
     @classmethod
     def load(cls, conf_dir: str | None = None, profile: str | None = None) -> "Lab":
@@ -70,18 +68,15 @@ class Lab:
         }
 
     def fingerprint(self, stage: StageConfig, spec: dict | None = None) -> str:
-        """Config + inputs' manifests + code version + the configuration of the services the stage
-        `needs` (a vLLM flag or num_speculative_tokens changes what eval measures and what synth
-        generates): a change in any of them means rerun."""
-        def code_of(spec: dict) -> dict:  # the stage script a command runs, and the helpers all stages share
+        """Config + inputs' manifests + code + the configuration of the services the stage `needs` (a
+        vLLM flag or num_speculative_tokens changes what eval measures and what synth generates): a
+        change in any of them means rerun. The code is every module of the package that the modules
+        a command names (`-m eaglelab.stages.train`) may run: their import closure (stage_code)."""
+        def code_of(spec: dict) -> dict:
             code = {"eaglelab": __version__}
-            pkg = REPO_ROOT / "py" / "eaglelab"
             for arg in spec["command"]:
-                m = re.fullmatch(r"eaglelab\.stages\.(\w+)", arg)
-                if m:
-                    for src in (pkg / "stages" / f"{m.group(1)}.py", *STAGE_SHARED_CODE):
-                        if src.exists():
-                            code[str(src.relative_to(pkg))] = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+                if stage_code.module_path(arg, self.code_root) is not None:
+                    code.update(stage_code.code_digest(arg, self.code_root))
             return code
 
         spec = spec or self.launch_spec(stage)

@@ -62,6 +62,9 @@ SYNTH_OUT, SYNTH_ERR = "responses.jsonl", "responses.errors.jsonl"  # synth.OUT_
 LEDGER = "pilot.steps.json"
 DIRS = {"synth": "synth", "prepare": "prepared", "extract": "hidden_states", "vocab": "vocab", "train": "checkpoints"}
 STEPS = ("prepare", "extract", "vocab", "train", "acceptance")
+# The stages run as children, spelled out: the fingerprint follows these names (control/stage_code.py).
+CHILDREN = {"prepare": "eaglelab.stages.prepare", "extract": "eaglelab.stages.extract",
+            "vocab": "eaglelab.stages.vocab", "train": "eaglelab.stages.train"}
 POLL_S = 2.0
 TAIL_LINES = 20
 
@@ -259,7 +262,7 @@ def run_child(step: str, n: int, stage: str, argv: list[str]) -> bytes:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("COLUMNS", "1000")  # Rich wraps speculators' metric lines at 80 columns otherwise
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, os.environ.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", f"eaglelab.stages.{stage}", *argv]
+    cmd = [sys.executable, "-m", CHILDREN[stage], *argv]
     sys.stdout.flush()
     out = sys.stdout.buffer
     Child.proc = proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)

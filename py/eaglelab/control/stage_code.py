@@ -1,0 +1,147 @@
+"""The code a stage runs, for its fingerprint: the import closure of its module within `eaglelab`.
+
+Static, nothing is imported: each module's source is parsed with `ast` for the modules of the
+package it imports (at module level and inside functions, absolute and relative) and for string
+constants that name one (`importlib.import_module("eaglelab.x")`, vLLM's `kv_connector_module_path`,
+a `-m eaglelab.stages.x` it starts; a name built at run time, `f"eaglelab.stages.{x}"`, stands for
+every module under its fixed part), followed transitively. A package's `__init__` runs before any
+module in it, so it belongs to the closure too. Modules outside `eaglelab` (stdlib, third-party)
+are not followed: requirements.lock pins them. Imports under `if TYPE_CHECKING:` never run and do
+not count. A file is read and parsed once per process while its size and mtime stay the same.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = "eaglelab"
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds eaglelab/ (py/)
+_NAMES_A_MODULE = re.compile(rf"{PACKAGE}(\.\w+)*")
+_BUILDS_A_NAME = re.compile(rf"({PACKAGE}(?:\.\w+)*)\.")  # the head of f"eaglelab.stages.{name}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One module's file as parsed: what the fingerprint needs of it."""
+
+    path: Path
+    digest: str                    # sha256 of the file's bytes, 16 hex digits
+    imports: frozenset[str]        # every module of the package it may import, function level included
+    module_level: frozenset[str]   # those imported while the module itself is imported
+
+
+_parsed: dict[tuple[str, str, int, int], Source] = {}  # (name, path, size, mtime_ns) -> Source
+
+
+def module_path(name: str, root: Path = SOURCE_ROOT) -> Path | None:
+    """The file of module `name` under root (a module's .py or a package's __init__.py), or None."""
+    if not _NAMES_A_MODULE.fullmatch(name):
+        return None
+    base = root.joinpath(*name.split("."))
+    for path in (base.parent / f"{base.name}.py", base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def source(name: str, root: Path = SOURCE_ROOT) -> Source:
+    path = module_path(name, root)
+    if path is None:
+        raise ModuleNotFoundError(f"no module {name!r} under {root}")
+    st = path.stat()
+    key = (name, str(path), st.st_size, st.st_mtime_ns)
+    if key not in _parsed:
+        data = path.read_bytes()
+        every, top = _imports(name, path.name == "__init__.py", ast.parse(data, filename=str(path)), root)
+        _parsed[key] = Source(path, hashlib.sha256(data).hexdigest()[:16], frozenset(every), frozenset(top))
+    return _parsed[key]
+
+
+def closure(name: str, root: Path = SOURCE_ROOT) -> list[str]:
+    """Every module of the package that running module `name` may execute, `name` included, sorted."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        mod = todo.pop()
+        for m in (*_parents(mod), mod):
+            if m not in seen:
+                seen.add(m)
+                todo.extend(source(m, root).imports)
+    return sorted(seen)
+
+
+def code_digest(name: str, root: Path = SOURCE_ROOT) -> dict[str, str]:
+    """{file relative to eaglelab/: its digest} over the closure of module `name`."""
+    pkg = root / PACKAGE
+    return {source(m, root).path.relative_to(pkg).as_posix(): source(m, root).digest for m in closure(name, root)}
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _imports(name: str, is_package: bool, tree: ast.Module, root: Path) -> tuple[set[str], set[str]]:
+    """(every module of the package named by an import or a string constant, those at module level)."""
+    package = name if is_package else name.rpartition(".")[0]
+    every: set[str] = set()
+    top: set[str] = set()
+
+    def add(candidates: list[str], module_level: bool) -> None:
+        for c in candidates:
+            for m in (*_parents(c), c):
+                if m.split(".")[0] == PACKAGE and module_path(m, root) is not None:
+                    every.add(m)
+                    if module_level:
+                        top.add(m)
+
+    def visit(node: ast.AST, module_level: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for other in child.orelse:
+                    visit_one(other, module_level)
+                continue
+            visit_one(child, module_level)
+
+    def visit_one(node: ast.AST, module_level: bool) -> None:
+        if isinstance(node, ast.Import):
+            add([a.name for a in node.names], module_level)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node.module, node.level, package)
+            if base is not None:  # `from X import y`: X, and X.y when y is a module rather than a name in X
+                add([base, *(f"{base}.{a.name}" for a in node.names if a.name != "*")], module_level)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _NAMES_A_MODULE.fullmatch(node.value):
+            add([node.value], False)  # when it is imported (if ever) is not known: not at module level
+        elif (isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant)
+              and (head := _BUILDS_A_NAME.fullmatch(str(node.values[0].value)))):
+            add(_modules_under(head.group(1), root), False)  # a name built at run time: any module it can be
+        nested = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        visit(node, module_level and not nested)
+
+    visit(tree, True)
+    return every, top
+
+
+def _modules_under(package: str, root: Path) -> list[str]:
+    folder = root.joinpath(*package.split("."))
+    return [".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            for p in sorted(folder.rglob("*.py"))] if (folder / "__init__.py").is_file() else []
+
+
+def _absolute(module: str | None, level: int, package: str) -> str | None:
+    if level == 0:
+        return module
+    parts = package.split(".")
+    if level - 1 >= len(parts):
+        return None  # beyond the top package: Python refuses it too
+    base = ".".join(parts[:len(parts) - (level - 1)])
+    return f"{base}.{module}" if module else base
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+            or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
