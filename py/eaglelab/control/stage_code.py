@@ -1,8 +1,8 @@
 """The code a stage runs, for its fingerprint: the import closure of its module within `eaglelab`.
 
 Static, nothing is imported: each module's source is parsed with `ast` for the modules of the
-package it imports (at module level and inside functions, absolute and relative) and for string
-constants that name one (`importlib.import_module("eaglelab.x")`, vLLM's `kv_connector_module_path`,
+package it imports (at module level and inside functions, absolute and relative) and its text for
+the strings that name one (`importlib.import_module("eaglelab.x")`, vLLM's `kv_connector_module_path`,
 a `-m eaglelab.stages.x` it starts; a name built at run time, `f"eaglelab.stages.{x}"`, stands for
 every module under its fixed part), followed transitively. A package's `__init__` runs before any
 module in it, so it belongs to the closure too. Modules outside `eaglelab` (stdlib, third-party)
@@ -21,7 +21,8 @@ from pathlib import Path
 PACKAGE = "eaglelab"
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds eaglelab/ (py/)
 _NAMES_A_MODULE = re.compile(rf"{PACKAGE}(\.\w+)*")
-_BUILDS_A_NAME = re.compile(rf"({PACKAGE}(?:\.\w+)*)\.")  # the head of f"eaglelab.stages.{name}"
+_STRING_NAME = re.compile(rf"""["']({PACKAGE}(?:\.\w+)*)["']""")  # "eaglelab.vllm_cpu_connector"
+_BUILT_NAME = re.compile(rf"""f["']({PACKAGE}(?:\.\w+)*)\.\{{""")  # f"eaglelab.stages.{name}"
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ def source(name: str, root: Path = SOURCE_ROOT) -> Source:
     key = (name, str(path), st.st_size, st.st_mtime_ns)
     if key not in _parsed:
         data = path.read_bytes()
-        every, top = _imports(name, path.name == "__init__.py", ast.parse(data, filename=str(path)), root)
+        text = data.decode("utf-8", errors="replace")
+        every, top = _imports(name, path.name == "__init__.py", ast.parse(data, filename=str(path)), text, root)
         _parsed[key] = Source(path, hashlib.sha256(data).hexdigest()[:16], frozenset(every), frozenset(top))
     return _parsed[key]
 
@@ -77,7 +79,8 @@ def closure(name: str, root: Path = SOURCE_ROOT) -> list[str]:
 def code_digest(name: str, root: Path = SOURCE_ROOT) -> dict[str, str]:
     """{file relative to eaglelab/: its digest} over the closure of module `name`."""
     pkg = root / PACKAGE
-    return {source(m, root).path.relative_to(pkg).as_posix(): source(m, root).digest for m in closure(name, root)}
+    found = [source(m, root) for m in closure(name, root)]
+    return {s.path.relative_to(pkg).as_posix(): s.digest for s in found}
 
 
 def _parents(name: str) -> list[str]:
@@ -85,8 +88,11 @@ def _parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def _imports(name: str, is_package: bool, tree: ast.Module, root: Path) -> tuple[set[str], set[str]]:
-    """(every module of the package named by an import or a string constant, those at module level)."""
+def _imports(name: str, is_package: bool, tree: ast.Module, text: str, root: Path) -> tuple[set[str], set[str]]:
+    """(every module of the package named by an import or a string, those imported at module level).
+
+    Only statements are walked (an import is one); strings are found in the text, where a name in a
+    comment counts too (the stricter choice)."""
     package = name if is_package else name.rpartition(".")[0]
     every: set[str] = set()
     top: set[str] = set()
@@ -99,30 +105,27 @@ def _imports(name: str, is_package: bool, tree: ast.Module, root: Path) -> tuple
                     if module_level:
                         top.add(m)
 
-    def visit(node: ast.AST, module_level: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
-                for other in child.orelse:
-                    visit_one(other, module_level)
-                continue
-            visit_one(child, module_level)
+    def visit(statements: list, module_level: bool) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                add([a.name for a in node.names], module_level)
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(node.module, node.level, package)
+                if base is not None:  # `from X import y`: X, and X.y when y is a module rather than a name in X
+                    add([base, *(f"{base}.{a.name}" for a in node.names if a.name != "*")], module_level)
+            elif isinstance(node, ast.If) and _is_type_checking(node.test):
+                visit(node.orelse, module_level)
+            else:
+                inner = module_level and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                for field in ("body", "orelse", "finalbody", "handlers", "cases"):  # class, if, try, with, match
+                    children = getattr(node, field, None)
+                    if isinstance(children, list):
+                        visit(children, inner)
 
-    def visit_one(node: ast.AST, module_level: bool) -> None:
-        if isinstance(node, ast.Import):
-            add([a.name for a in node.names], module_level)
-        elif isinstance(node, ast.ImportFrom):
-            base = _absolute(node.module, node.level, package)
-            if base is not None:  # `from X import y`: X, and X.y when y is a module rather than a name in X
-                add([base, *(f"{base}.{a.name}" for a in node.names if a.name != "*")], module_level)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _NAMES_A_MODULE.fullmatch(node.value):
-            add([node.value], False)  # when it is imported (if ever) is not known: not at module level
-        elif (isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant)
-              and (head := _BUILDS_A_NAME.fullmatch(str(node.values[0].value)))):
-            add(_modules_under(head.group(1), root), False)  # a name built at run time: any module it can be
-        nested = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-        visit(node, module_level and not nested)
-
-    visit(tree, True)
+    visit(tree.body, True)
+    add([m.group(1) for m in _STRING_NAME.finditer(text)], False)  # imported when (if ever) is not known
+    for m in _BUILT_NAME.finditer(text):
+        add(_modules_under(m.group(1), root), False)  # a name built at run time: any module it can be
     return every, top
 
 
