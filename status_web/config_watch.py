@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from eaglelab.fsutil import utcnow_iso
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
-
-from eaglelab.fsutil import parse_iso
+from collections.abc import Callable
+from typing import Any
 
 from eaglelab.figures import human_duration as fmt_duration
+from eaglelab.fsutil import parse_iso
 from eaglelab.model import FINAL, exit_text
+
 MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 
 
@@ -213,7 +214,7 @@ def overview(status: dict, now: float) -> dict:
     for s in status.get("stages") or []:
         if not isinstance(s, dict):
             continue
-        c = guarded(lambda: cell(s, runs.get(s.get("latest_run")), hosts, now),
+        c = guarded(lambda s=s: cell(s, runs.get(s.get("latest_run")), hosts, now),
                     {"stage": str(s.get("name")), "host": str(s.get("host")), "state": "unknown",
                      "run_id": s.get("latest_run")})
         rows.setdefault(str(s.get("host")), []).append(c)
@@ -382,7 +383,7 @@ def timeline(status: dict, now: float) -> dict:
     for s in status.get("stages") or []:
         if not isinstance(s, dict):
             continue
-        row = guarded(lambda: _timeline_row(s, by_id.get(s.get("latest_run")), runs, ends, now),
+        row = guarded(lambda s=s: _timeline_row(s, by_id.get(s.get("latest_run")), runs, ends, now),
                       {"stage": str(s.get("name")), "segments": [], "note": "unreadable"})
         rows.append(row)
     hidden = 0

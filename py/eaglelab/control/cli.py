@@ -11,9 +11,10 @@ import time
 
 import click
 
-from .commands import all_commands
 from eaglelab.errors import EaglelabError
 from eaglelab.model import exit_text
+
+from .commands import all_commands
 from .lab import ACTIVE, Lab, exit_code_of
 
 

@@ -11,23 +11,24 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from filelock import FileLock
 
 from eaglelab import __version__
 from eaglelab import config as config_mod
-from . import preflight, stage_code
 from eaglelab.config import Config, StageConfig
-from eaglelab.errors import EaglelabError, HostError, StageError
-from .executors import Executor, HostUnreachable, for_host
-from eaglelab.fsutil import parse_iso
 from eaglelab.control.registry import Registry
-
+from eaglelab.errors import EaglelabError, HostError, StageError
+from eaglelab.fsutil import parse_iso
 from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, check, exit_text
+
+from . import preflight, stage_code
+from .executors import Executor, HostUnreachable, for_host
 
 
 class Lab:
@@ -43,7 +44,7 @@ class Lab:
         self.code_root = stage_code.SOURCE_ROOT  # where the code that fingerprints hash lives (py/)
 
     @classmethod
-    def load(cls, conf_dir: str | None = None, profile: str | None = None) -> "Lab":
+    def load(cls, conf_dir: str | None = None, profile: str | None = None) -> Lab:
         return cls(config_mod.load(conf_dir, profile))
 
     def executor(self, host: str) -> Executor:
@@ -56,7 +57,7 @@ class Lab:
     def launch_spec(self, stage: StageConfig) -> dict:
         ex = self.executor(stage.host)
         variables = self.cfg.vars_for(stage, repo=ex.repo_dir(), python=ex.python, work_dir=ex.work_dir)
-        render = lambda v: self.cfg.render(stage, v, variables)  # noqa: E731
+        render = lambda v: self.cfg.render(stage, v, variables)
         return {
             "stage": stage.name, "host": stage.host, "profile": self.cfg.profile, "kind": stage.kind,
             "command": [render(a) for a in stage.command],
@@ -383,7 +384,7 @@ class Lab:
         return self.registry.get(rec["id"]) or final
 
     def pipeline(self, force: bool = False, keep_services: bool = False, follow: bool = True,
-                 out: TextIO = sys.stdout) -> "PipelineResult":
+                 out: TextIO = sys.stdout) -> PipelineResult:
         """Every job in dependency order, each only if needed, stopping at the first that does not
         complete; services are stopped however it ends (Ctrl-C included) unless keep_services.
         `lab pipeline` and a cron firing both call this."""
@@ -419,7 +420,7 @@ class Lab:
                     break
                 if not keep_services:  # a service no job left in the pipeline needs holds its GPUs for nothing
                     later = {svc for n in jobs[i + 1:] for svc in self.cfg.stage(n).needs}
-                    self.stop_services(out=out, keep=lambda n: n in later, why="no stage left needs it")
+                    self.stop_services(out=out, keep=lambda n, later=later: n in later, why="no stage left needs it")
             if result.failed is None:
                 side.finish()  # a pilot still running: its forecast belongs to this pipeline
         finally:

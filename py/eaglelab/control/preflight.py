@@ -23,6 +23,7 @@ from pathlib import Path
 
 from eaglelab.config import REPO_ROOT, StageConfig
 from eaglelab.errors import HostError, StageError
+
 from .executors import HostUnreachable
 
 BF16_BYTES = 2
@@ -273,8 +274,9 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
     checks.append(check_disk(est, how, free, where))
     mem, util = variables.get("gpu_mem_mib"), variables.get("gpu_memory_utilization")
     if host.reach == "slurm":  # Slurm hands out the GPUs: can the request ever be met?
-        from . import slurm_preflight
         from eaglelab.config import slurm_options
+
+        from . import slurm_preflight
         opts = spec.get("slurm") or slurm_options(host, stage)
         checks.extend(slurm_preflight.checks(ex.slurm_facts(), opts, stage.host))
         checks.append(check_inputs(facts.get("inputs") or {}, input_origins(lab, stage, spec["inputs"])))

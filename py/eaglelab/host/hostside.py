@@ -20,12 +20,11 @@ from pathlib import Path
 
 from eaglelab.fsutil import atomic_write_json, parse_iso, read_json, utcnow_iso
 from eaglelab.model import BadRecord, Exit, Meta, check, decide_end, signal_text
+
 from . import hostfacts, machine, sizes
 from .jobwrap import group_alive
 from .machine import free_disk, gpus, inputs_digest, mark_gpu_holders
 from .tail.run import RunFollower, run_state
-
-
 
 SPAWN_GRACE_S = 10.0  # between the spawn and spawned.json; after that, the spawned process must live
 
@@ -428,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = VERBS[argv[0]](json.loads(sys.stdin.read() if argv[1] == "-" else argv[1]))
-    except Exception as e:  # report, never a traceback on the wire
+    except Exception as e:  # noqa: BLE001 - report, never a traceback on the wire
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
         return 1
     print(json.dumps(result))

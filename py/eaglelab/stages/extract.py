@@ -183,12 +183,12 @@ class HostBuffers:
 
         self.cuda = device.startswith("cuda")
         self.stream = torch.cuda.Stream() if self.cuda else None
-        self.free: "queue.Queue" = queue.Queue()
+        self.free: queue.Queue = queue.Queue()
         for _ in range(max(count, 1)):
             self.free.put(torch.empty(0, dtype=torch.uint8, pin_memory=self.cuda))
         self.wait_s = 0.0
 
-    def copy_out(self, stacked, lengths: list[int], timer: "DeviceTimer | None" = None):
+    def copy_out(self, stacked, lengths: list[int], timer: DeviceTimer | None = None):
         """Start the device->host copy of each sample's rows; returns (buffer, views, done event).
         The views are valid once the event has completed; the buffer goes back with release()."""
         import torch
@@ -239,7 +239,7 @@ class Writer:
         import queue
         import threading
 
-        self.queue: "queue.Queue" = queue.Queue(maxsize=max(depth, 1))
+        self.queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self.error: BaseException | None = None
         self.written = 0
         self.wait_s = 0.0  # time the forward loop spent blocked on a full queue

@@ -357,7 +357,7 @@ def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: floa
          trust_remote_code: bool, extract_backend: str, extract_endpoint: str, extract_staging: Path | None) -> None:
     """Run the pilot slice: synth's first rows through prepare, extract, vocab and a short train."""
     t0 = time.monotonic()
-    echo = lambda m: click.echo(m)  # noqa: E731
+    echo = lambda m: click.echo(m)
     signal.signal(signal.SIGTERM, on_term)
     if not (model / "config.json").is_file():
         raise StageError(f"{model / 'config.json'}: not found; --model must be the target model directory "

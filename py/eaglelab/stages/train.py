@@ -29,7 +29,8 @@ import click
 from .. import manifest
 from ..errors import StageError
 from ..fsutil import read_json
-from . import common, warm_start as warm
+from . import common
+from . import warm_start as warm
 from .common import TRIMMED_DATA, completed_epochs, hs_path
 
 DRAFTER_LINK = "drafter"  # <out>/drafter -> the last epoch's checkpoint
@@ -37,9 +38,9 @@ DRAFTER_LINK = "drafter"  # <out>/drafter -> the last epoch's checkpoint
 
 def cpu_patches() -> None:
     """Make speculators' trainer run on CPU (it assumes an accelerator)."""
-    import torch
     import speculators.train.checkpointer as checkpointer
     import speculators.train.trainer as trainer
+    import torch
 
     trainer.get_local_rank = lambda: "cpu"  # Trainer does model.to(local_rank), batch.to(local_rank)
     checkpointer.get_current_device = lambda: "cpu"  # resume loads state dicts onto this device
@@ -60,9 +61,9 @@ def cpu_process_group() -> None:
     `maybe_setup_distributed` selects the accelerator (`set_device_index(local_rank)`, fails with
     none) and its backend; do the same bookkeeping with the gloo backend instead. DDP then wraps
     the CPU model (no device_ids) and all-reduces gradients over gloo."""
-    import torch.distributed as dist
     import speculators.train.cli as cli
     import speculators.train.distributed as sd
+    import torch.distributed as dist
 
     original = cli.maybe_setup_distributed
 

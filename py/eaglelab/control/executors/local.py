@@ -6,6 +6,7 @@ import os
 import sys
 
 from eaglelab.host import hostfacts, hostside, machine
+
 from .base import Executor, local_repo_dir
 
 
