@@ -51,6 +51,7 @@ PACKAGE = {
     "eaglelab/runs/one.py": "",
     "eaglelab/runs/two.py": "",
     "eaglelab/starter.py": "def start(name):\n    return ['-m', f'eaglelab.runs.{name}']\n",
+    "eaglelab/program.py": "from . import c\nif __name__ == '__main__':\n    from . import e\n",
 }
 
 
@@ -62,7 +63,12 @@ def test_closure_follows_every_kind_of_import_within_the_package_only(tmp_path):
     # what runs when the module is imported, and what only may run later
     src = stage_code.source("eaglelab.a", tmp_path)
     assert sorted(src.module_level) == ["eaglelab", "eaglelab.b", "eaglelab.c", "eaglelab.sub", "eaglelab.sub.d"]
-    assert sorted(src.imports - src.module_level) == ["eaglelab.e", "eaglelab.f"]
+    assert sorted(src.library - src.module_level) == ["eaglelab.e"]  # imported inside a function
+    assert sorted(src.imports - src.library) == ["eaglelab.f"]  # named in a string: run, not imported
+    # run as a program, a module imports more than when it is imported
+    program = stage_code.source("eaglelab.program", tmp_path)
+    assert sorted(program.library) == ["eaglelab", "eaglelab.c"]
+    assert stage_code.closure("eaglelab.program", tmp_path) == ["eaglelab", "eaglelab.c", "eaglelab.e", "eaglelab.program"]
     # a name built at run time stands for every module it can be
     assert stage_code.closure("eaglelab.starter", tmp_path) == [
         "eaglelab", "eaglelab.runs", "eaglelab.runs.one", "eaglelab.runs.two", "eaglelab.starter"]

@@ -7,7 +7,9 @@ a `-m eaglelab.stages.x` it starts; a name built at run time, `f"eaglelab.stages
 every module under its fixed part), followed transitively. A package's `__init__` runs before any
 module in it, so it belongs to the closure too. Modules outside `eaglelab` (stdlib, third-party)
 are not followed: requirements.lock pins them. Imports under `if TYPE_CHECKING:` never run and do
-not count. A file is read and parsed once per process while its size and mtime stay the same.
+not count; those under `if __name__ == "__main__":` run only when the file is the program (a stage's
+`-m`): like the strings, they belong to the closure but not to the graph of what imports what
+(`Source.library`, tests/test_import_graph.py). A file is read and parsed once per process while its size and mtime stay the same.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class Source:
 
     path: Path
     digest: str                    # sha256 of the file's bytes, 16 hex digits
-    imports: frozenset[str]        # every module of the package it may import, function level included
+    imports: frozenset[str]        # every module of the package it may run: the closure's edges
+    library: frozenset[str]        # those its import statements import when it is imported, function level included
     module_level: frozenset[str]   # those imported while the module itself is imported
 
 
@@ -58,8 +61,9 @@ def source(name: str, root: Path = SOURCE_ROOT) -> Source:
     if key not in _parsed:
         data = path.read_bytes()
         text = data.decode("utf-8", errors="replace")
-        every, top = _imports(name, path.name == "__init__.py", ast.parse(data, filename=str(path)), text, root)
-        _parsed[key] = Source(path, hashlib.sha256(data).hexdigest()[:16], frozenset(every), frozenset(top))
+        lib, top, others = _imports(name, path.name == "__init__.py", ast.parse(data, filename=str(path)), text, root)
+        _parsed[key] = Source(path, hashlib.sha256(data).hexdigest()[:16], frozenset(lib | others), frozenset(lib),
+                              frozenset(top))
     return _parsed[key]
 
 
@@ -88,45 +92,52 @@ def _parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def _imports(name: str, is_package: bool, tree: ast.Module, text: str, root: Path) -> tuple[set[str], set[str]]:
-    """(every module of the package named by an import or a string, those imported at module level).
+def _imports(name: str, is_package: bool, tree: ast.Module, text: str,
+             root: Path) -> tuple[set[str], set[str], set[str]]:
+    """The modules of the package named by an import or a string: (those the module's import statements
+    import when it is imported, those of them at module level, the others: named in strings or imported
+    only when it runs as a program).
 
     Only statements are walked (an import is one); strings are found in the text, where a name in a
     comment counts too (the stricter choice)."""
     package = name if is_package else name.rpartition(".")[0]
-    every: set[str] = set()
+    lib: set[str] = set()
     top: set[str] = set()
+    others: set[str] = set()
 
-    def add(candidates: list[str], module_level: bool) -> None:
+    def add(candidates: list[str], module_level: bool, other: bool = False) -> None:
         for c in candidates:
             for m in (*_parents(c), c):
                 if m.split(".")[0] == PACKAGE and module_path(m, root) is not None:
-                    every.add(m)
-                    if module_level:
+                    (others if other else lib).add(m)
+                    if module_level and not other:
                         top.add(m)
 
-    def visit(statements: list, module_level: bool) -> None:
+    def visit(statements: list, module_level: bool, other: bool = False) -> None:
         for node in statements:
             if isinstance(node, ast.Import):
-                add([a.name for a in node.names], module_level)
+                add([a.name for a in node.names], module_level, other)
             elif isinstance(node, ast.ImportFrom):
                 base = _absolute(node.module, node.level, package)
                 if base is not None:  # `from X import y`: X, and X.y when y is a module rather than a name in X
-                    add([base, *(f"{base}.{a.name}" for a in node.names if a.name != "*")], module_level)
+                    add([base, *(f"{base}.{a.name}" for a in node.names if a.name != "*")], module_level, other)
             elif isinstance(node, ast.If) and _is_type_checking(node.test):
-                visit(node.orelse, module_level)
+                visit(node.orelse, module_level, other)
+            elif isinstance(node, ast.If) and _is_main_check(node.test):
+                visit(node.body, module_level, True)
+                visit(node.orelse, module_level, other)
             else:
                 inner = module_level and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                 for field in ("body", "orelse", "finalbody", "handlers", "cases"):  # class, if, try, with, match
                     children = getattr(node, field, None)
                     if isinstance(children, list):
-                        visit(children, inner)
+                        visit(children, inner, other)
 
     visit(tree.body, True)
-    add([m.group(1) for m in _STRING_NAME.finditer(text)], False)  # imported when (if ever) is not known
+    add([m.group(1) for m in _STRING_NAME.finditer(text)], False, True)  # run when (if ever) is not known
     for m in _BUILT_NAME.finditer(text):
-        add(_modules_under(m.group(1), root), False)  # a name built at run time: any module it can be
-    return every, top
+        add(_modules_under(m.group(1), root), False, True)  # a name built at run time: any module it can be
+    return lib, top, others - lib
 
 
 def _modules_under(package: str, root: Path) -> list[str]:
@@ -143,6 +154,13 @@ def _absolute(module: str | None, level: int, package: str) -> str | None:
         return None  # beyond the top package: Python refuses it too
     base = ".".join(parts[:len(parts) - (level - 1)])
     return f"{base}.{module}" if module else base
+
+
+def _is_main_check(test: ast.expr) -> bool:
+    """`__name__ == "__main__"`"""
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and len(test.comparators) == 1 and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value == "__main__")
 
 
 def _is_type_checking(test: ast.expr) -> bool:
