@@ -10,7 +10,6 @@ from eaglelab.control import stage_code
 # untied, never add one.
 KNOWN_CIRCLES: list[list[str]] = [
     ["eaglelab.config", "eaglelab.placement", "eaglelab.side_jobs"],
-    ["eaglelab.control.preflight", "eaglelab.control.slurm_preflight"],
 ]
 
 
