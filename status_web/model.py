@@ -8,6 +8,7 @@ log that fooled the parser must cost one cell its detail, never the page (see `g
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -549,7 +550,7 @@ def rate_plots(status: dict) -> list[dict]:
 
 # -- run page -------------------------------------------------------------------------------------
 
-_POSITION = __import__("re").compile(r"acc_(\d+)")
+_POSITION = re.compile(r"acc_(\d+)")
 
 
 def metric_rank(name: str) -> tuple:
@@ -623,7 +624,7 @@ def exit_view(run: dict) -> str:
     return f"{state}: {exit_text(run) or 'exit code 0'}" + (" (stop requested)" if run.get("stop_requested") else "")
 
 
-_ANSI = __import__("re").compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b.")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b.")
 
 
 def log_tail(data: bytes, lines: int = 60) -> list[str]:
