@@ -14,7 +14,7 @@ KNOWN_CIRCLES: list[list[str]] = [
 
 
 def modules() -> list[str]:
-    return stage_code._modules_under(stage_code.PACKAGE, stage_code.SOURCE_ROOT)
+    return stage_code.modules_under(stage_code.PACKAGE, stage_code.SOURCE_ROOT)
 
 
 def graph(edges: str) -> dict[str, set[str]]:
@@ -22,7 +22,7 @@ def graph(edges: str) -> dict[str, set[str]]:
     first, whatever imports it)."""
     out = {}
     for m in modules():
-        own = {m, *stage_code._parents(m)}
+        own = {m, *stage_code.parents(m)}
         out[m] = {t for t in getattr(stage_code.source(m), edges) if t not in own}
     return out
 

@@ -68,7 +68,8 @@ def test_closure_follows_every_kind_of_import_within_the_package_only(tmp_path):
     # run as a program, a module imports more than when it is imported
     program = stage_code.source("eaglelab.program", tmp_path)
     assert sorted(program.library) == ["eaglelab", "eaglelab.c"]
-    assert stage_code.closure("eaglelab.program", tmp_path) == ["eaglelab", "eaglelab.c", "eaglelab.e", "eaglelab.program"]
+    assert stage_code.closure("eaglelab.program", tmp_path) == [
+        "eaglelab", "eaglelab.c", "eaglelab.e", "eaglelab.program"]
     # a name built at run time stands for every module it can be
     assert stage_code.closure("eaglelab.starter", tmp_path) == [
         "eaglelab", "eaglelab.runs", "eaglelab.runs.one", "eaglelab.runs.two", "eaglelab.starter"]

@@ -9,7 +9,8 @@ module in it, so it belongs to the closure too. Modules outside `eaglelab` (stdl
 are not followed: requirements.lock pins them. Imports under `if TYPE_CHECKING:` never run and do
 not count; those under `if __name__ == "__main__":` run only when the file is the program (a stage's
 `-m`): like the strings, they belong to the closure but not to the graph of what imports what
-(`Source.library`, tests/test_import_graph.py). A file is read and parsed once per process while its size and mtime stay the same.
+(`Source.library`, tests/test_import_graph.py). A file is read and parsed once per process while its
+size and mtime stay the same.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def closure(name: str, root: Path = SOURCE_ROOT) -> list[str]:
     todo = [name]
     while todo:
         mod = todo.pop()
-        for m in (*_parents(mod), mod):
+        for m in (*parents(mod), mod):
             if m not in seen:
                 seen.add(m)
                 todo.extend(source(m, root).imports)
@@ -87,7 +88,8 @@ def code_digest(name: str, root: Path = SOURCE_ROOT) -> dict[str, str]:
     return {s.path.relative_to(pkg).as_posix(): s.digest for s in found}
 
 
-def _parents(name: str) -> list[str]:
+def parents(name: str) -> list[str]:
+    """The packages holding module name, outermost first: Python imports each before it."""
     parts = name.split(".")
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
@@ -107,7 +109,7 @@ def _imports(name: str, is_package: bool, tree: ast.Module, text: str,
 
     def add(candidates: list[str], module_level: bool, other: bool = False) -> None:
         for c in candidates:
-            for m in (*_parents(c), c):
+            for m in (*parents(c), c):
                 if m.split(".")[0] == PACKAGE and module_path(m, root) is not None:
                     (others if other else lib).add(m)
                     if module_level and not other:
@@ -136,11 +138,12 @@ def _imports(name: str, is_package: bool, tree: ast.Module, text: str,
     visit(tree.body, True)
     add([m.group(1) for m in _STRING_NAME.finditer(text)], False, True)  # run when (if ever) is not known
     for m in _BUILT_NAME.finditer(text):
-        add(_modules_under(m.group(1), root), False, True)  # a name built at run time: any module it can be
+        add(modules_under(m.group(1), root), False, True)  # a name built at run time: any module it can be
     return lib, top, others - lib
 
 
-def _modules_under(package: str, root: Path) -> list[str]:
+def modules_under(package: str, root: Path = SOURCE_ROOT) -> list[str]:
+    """Every module in package (its own `__init__` included), sorted by file."""
     folder = root.joinpath(*package.split("."))
     return [".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
             for p in sorted(folder.rglob("*.py"))] if (folder / "__init__.py").is_file() else []
