@@ -22,8 +22,13 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
+$(VENV)/.lint-installed: requirements-dev.txt
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --no-deps -r requirements-dev.txt
+	touch $@
+
 .PHONY: setup
-setup: $(VENV)/.installed .system  ## create .venv from requirements.lock and install the Debian packages the tests use
+setup: $(VENV)/.installed $(VENV)/.lint-installed .system  ## create .venv from requirements.lock and install the Debian packages the tests use
 
 .PHONY: .system
 .system:
@@ -73,6 +78,10 @@ demo-spread: setup  ## the demo pipeline over three ssh hosts made here (namespa
 PYTEST_WORKERS ?= 3
 PYTEST := $(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30
 TEST_PARTS := parse stages pipeline ssh web ops core
+
+.PHONY: lint
+lint: $(VENV)/.lint-installed  ## ruff (pinned in requirements-dev.txt, rules in pyproject.toml) over the tree: zero findings
+	$(VENV)/bin/ruff check .
 
 .PHONY: test
 test: setup  ## run every test (installs what they need first)

@@ -41,8 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from eaglelab.eta import TqdmEma, estimate_bar  # noqa: E402
-from eaglelab.eta.replay import replay  # noqa: E402
+from eaglelab.eta.replay import replay
 
 CORPUS = ROOT / "bench" / "corpus"
 # The parser's fixture logs (real, sources in tests/fixtures/logs/SOURCES.md) count too.
@@ -143,7 +142,7 @@ def tqdm_log(per_item: np.ndarray, desc: str, mininterval: float = 0.0) -> str:
 
 def synthetic_logs(seed: int = 7) -> dict[str, str]:
     rng = np.random.default_rng(seed)
-    noise = lambda k, s=0.15: rng.lognormal(0.0, s, k)  # noqa: E731
+    noise = lambda k, s=0.15: rng.lognormal(0.0, s, k)
     logs = {}
     # The seeds' load: 16 -> 24 -> 27 -> 29 s/shard early, and slower on (45-60 min in all).
     seeds = 16 + 34 * (1 - np.exp(-np.arange(64) / 20.0))
@@ -163,11 +162,11 @@ def summarize(label: str, scores: list[BarScore], counts: dict | None = None) ->
     if not scores:
         print(f"{label}: no complete bar with an observation to score")
         return {}
-    med = lambda xs: statistics.median(xs)  # noqa: E731
+    med = lambda xs: statistics.median(xs)
     fig = {k: med([med(getattr(s, k)) for s in scores]) for k in ("ours", "tqdm", "ema", "ours_tol", "tqdm_tol")}
     obs = sum(s.obs for s in scores)
     fig["coverage"] = sum(s.covered for s in scores) / obs
-    ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
+    ratio = lambda a, b: a / b if b else float("nan")
     extra = (f"; {counts['excerpt']} excerpt bars that stop mid-bar not scored (no end time), "
              f"{counts['complete'] - len(scores)} complete bars with no observation 2 s or more from the end"
              if counts else "")

@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from eaglelab.eta import annotate  # noqa: E402
-from eaglelab.fsutil import parse_iso, utcnow_iso  # noqa: E402
-from eaglelab.host.parse.state import LogState  # noqa: E402
+from eaglelab.eta import annotate
+from eaglelab.fsutil import parse_iso, utcnow_iso
+from eaglelab.host.parse.state import LogState
 
 STAGES = ("extract", "train")
 FRACTIONS = (0.10, 0.25, 0.50)

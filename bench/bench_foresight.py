@@ -21,9 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
 
-from eaglelab.control.forecast import eval_evidence, offline_evidence, ts  # noqa: E402
-from eaglelab.control.lab import Lab  # noqa: E402
-from eaglelab.stages import acceptance  # noqa: E402
+from eaglelab.control.forecast import eval_evidence, offline_evidence, ts
+from eaglelab.control.lab import Lab
+from eaglelab.stages import acceptance
 
 
 def main() -> None:

@@ -42,8 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from eaglelab.eta.replay import replay  # noqa: E402
-from eaglelab.host.tail.whole import parse_file  # noqa: E402
+from eaglelab.eta.replay import replay
+from eaglelab.host.tail.whole import parse_file
 
 LABELS = ROOT / "bench" / "corpus" / "LABELS.tsv"
 SPLIT_SALT = "eaglelab-holdout/"
@@ -222,7 +222,7 @@ def main() -> None:
           f"({sum(lab.failed for lab in labels)} failed)")
 
     p = score_parse(labels)
-    pct = lambda a, b: f"{a / b:.2f} ({a}/{b})" if b else "n/a"  # noqa: E731
+    pct = lambda a, b: f"{a / b:.2f} ({a}/{b})" if b else "n/a"
     print(f"parse: failed detected {pct(p.detected, p.failed)}   right reason {pct(p.right_reason, p.failed)}   "
           f"false alarms {pct(p.false_alarms, p.not_failed)}   progress right {pct(p.progress_right, p.with_bar)}")
 
@@ -239,7 +239,7 @@ def main() -> None:
         print(f"  median of per-bar median relative error: ours {fig['ours']:.3f}   tqdm printed {fig['tqdm']:.3f}   "
               f"mean rate {fig['mean']:.3f}   recent slope {fig['slope']:.3f}")
         best = min(fig["mean"], fig["slope"])
-        ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
+        ratio = lambda a, b: a / b if b else float("nan")
         print(f"  ours / tqdm {ratio(fig['ours'], fig['tqdm']):.2f}   ours / best simple baseline "
               f"{ratio(fig['ours'], best):.2f}   "
               f"range coverage {cov:.1%}")

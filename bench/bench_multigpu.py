@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_stages import make_rows, stage  # noqa: E402  (the same stage runner and data as gpu_stages.py)
+from gpu_stages import make_rows, stage  # the same stage runner and data as gpu_stages.py
 
 _TIMING = re.compile(r"^(?:\[rank(?P<r>\d+)\]: )?extract: Timing: (?P<el>[\d.]+)s elapsed, [\d.]+ samples/s, "
                      r"(?P<tps>[\d.]+) tokens/s", re.M)

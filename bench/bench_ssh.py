@@ -19,8 +19,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "py"), str(REPO / "tests")]
 
-import yaml  # noqa: E402
-from testlab import SshLab, TestLab  # noqa: E402
+import yaml
+
+from testlab import SshLab, TestLab
 
 
 def timed(fn, repeat: int) -> list[float]:
@@ -61,17 +62,17 @@ def main() -> None:
             core = lab.core()
             core.refresh()
             results[mux] = {
-                "ssh_true": timed(lambda: core.executor(hosts[0]).run_ssh("true"), a.repeat * 2),
-                "refresh": timed(lambda: core.refresh(), a.repeat * 2),
-                "cli_status": timed(lambda: lab.lab("status", "--json"), a.repeat),
+                "ssh_true": timed(lambda core=core: core.executor(hosts[0]).run_ssh("true"), a.repeat * 2),
+                "refresh": timed(lambda core=core: core.refresh(), a.repeat * 2),
+                "cli_status": timed(lambda lab=lab: lab.lab("status", "--json"), a.repeat),
             }
 
-            def launch_all():
+            def launch_all(core=core):
                 with ThreadPoolExecutor(len(hosts)) as pool:
                     list(pool.map(lambda s: core.run(s, force=True, wait=False, out=open("/dev/null", "w")), stages))
             results[mux]["launch_all"] = timed(launch_all, max(2, a.repeat // 2))
-            for s in stages:  # let the last launches finish before the next round
-                core.wait(core.latest(s), out=None)
+            for name in stages:  # let the last launches finish before the next round
+                core.wait(core.latest(name), out=None)
 
         print(f"== SSH over {len(hosts)} namespace hosts (ConnectTimeout 2, ServerAlive 1x2); "
               f"baseline = no multiplexing")

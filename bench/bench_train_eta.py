@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from eaglelab.eta.replay import replay_steps  # noqa: E402
+from eaglelab.eta.replay import replay_steps
 
 LOGS = [ROOT / "tests/fixtures/logs/recorded/h200/train.log",
         ROOT / "tests/fixtures/logs/gpu_rehearsal_deepseek_v3_train.log",

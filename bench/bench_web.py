@@ -43,8 +43,8 @@ def build_lab(root: Path) -> Path:
     """conf + registry for 50 hosts x 8 stages; returns the conf dir."""
     import yaml
 
-    from eaglelab.fsutil import utcnow_iso
     from eaglelab.control.registry import Registry
+    from eaglelab.fsutil import utcnow_iso
 
     conf = root / "conf"
     (conf / "profiles").mkdir(parents=True)
@@ -110,7 +110,7 @@ def serve(conf: str, port: int, refresh_s: float) -> None:
     from status_web import create_app, server
 
     lab = Lab.load(conf)
-    source = lambda: collect(lab, refresh=False)  # noqa: E731
+    source = lambda: collect(lab, refresh=False)
     app = create_app(lab, refresh_s=refresh_s, refresher=os.environ.get("BENCH_REFRESHER", "process"),
                      ask_hosts=False)
     app.add_url_rule("/naive", "naive", lambda: Response(json.dumps(source()), mimetype="application/json"))

@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
-from eaglelab.host.parse.markers import done_line, emit, phase_completed, phase_started  # noqa: E402
+from eaglelab.host.parse.markers import done_line, emit, phase_completed, phase_started
 
 DIM, VOCAB = 128, 512
 
@@ -36,9 +36,9 @@ def extract(scale: float) -> None:
     emit(phase_started("load"))
     with tempfile.TemporaryDirectory() as tmp:
         m = model()
-        for i, (name, p) in enumerate(m.state_dict().items()):
+        for i, p in enumerate(m.state_dict().values()):
             torch.save(p, Path(tmp) / f"shard-{i}.pt")
-        for i, name in enumerate(m.state_dict()):
+        for i in range(len(m.state_dict())):
             torch.load(Path(tmp) / f"shard-{i}.pt")
         emit(phase_completed("load"))
         emit(phase_started("encode"))

@@ -100,7 +100,7 @@ def compare_in_process(model_dir: Path, data: Path, out: Path, device: str, batc
         one("overlap", todo[: batch * 8])
     key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=key, row_limit=16, max_name_column_width=60).splitlines()
-    del model
+    model = None  # frees its memory before empty_cache (`one` holds it too)
     if device == "cuda":
         torch.cuda.empty_cache()
     return {"rates": rates, "timings": detail}, table
@@ -152,7 +152,6 @@ def main() -> None:
 
     aux = sorted({min(2, a.layers - 1), a.layers // 2, max(a.layers - 3, 1)})
     aux_s = " ".join(map(str, aux))
-    rates, timings = {}, {}
     # The stage itself, as the pipeline runs it (a fresh process): its files train the drafter below.
     # First without padding the batches (--pad-multiple 1: every batch a new shape), as a baseline.
     results["extract_stage"] = {}

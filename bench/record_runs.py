@@ -41,8 +41,8 @@ def train(log_path: Path, steps: int, seq_len_at, desc: str) -> None:
 
 
 def tokenize(log_path: Path, docs: int) -> None:
-    from transformers import AutoTokenizer  # noqa: F401 - only to prove the real library is there
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer  # noqa: F401 - only to prove the real library is there
 
     words = [f"w{i % 997}x{(i * 7) % 113}" for i in range(20000)]
     text = [" ".join(words[(d * 37) % 19000:(d * 37) % 19000 + 50 + (d % 400)]) for d in range(docs)]

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import io
-from urllib.parse import urlencode
+import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from urllib.parse import urlencode
 
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
 
@@ -65,6 +65,7 @@ def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
     watch = ConfigWatch(lab, profile=None if follow_profile else lab.cfg.profile) if lab is not None else None
     if source is None:
         from eaglelab.control.status import collect
+
         from .outcome import OutcomeReader
         readers: dict = {}
 
@@ -173,7 +174,7 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
     def require_action_token():
         if not st.token:
             abort(_json_error(403, "actions are disabled: the server has no token configured "
-                                   f"(set the env var named by web.token_env, default EAGLELAB_TOKEN)"))
+                                   "(set the env var named by web.token_env, default EAGLELAB_TOKEN)"))
         header = request.headers.get("Authorization", "")
         given = header[7:].strip() if header[:7].lower() == "bearer " else ""
         if not given or not hmac.compare_digest(given.encode(), st.token.encode()):
@@ -243,7 +244,7 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
             hs = []
             for h in status.get("hosts") or []:
                 if isinstance(h, dict):
-                    hs.append(model.guarded(lambda: {**h, "gpu_rows": model.gpus_view(h),
+                    hs.append(model.guarded(lambda h=h: {**h, "gpu_rows": model.gpus_view(h),
                                                      "since": model.fmt_clock(model.ts(h.get("unreachable_since")), now),
                                                      "checked": model.fmt_clock(model.ts(h.get("checked_at")), now),
                                                      "disk": model.fmt_bytes(model.num(h.get("free_disk_bytes"))),

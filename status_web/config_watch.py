@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from eaglelab.fsutil import read_regular_file, utcnow_iso
 
@@ -42,6 +42,7 @@ def public_message(e: Exception) -> str:
     key, line: no value that could be a secret), an eaglelab error's message, else only its kind
     (the whole error goes to the server's stderr for whoever runs it)."""
     import sys
+
     from eaglelab.errors import ConfigError, EaglelabError
     print(f"lab web: the configuration does not load: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     if isinstance(e, ConfigError):

@@ -8,7 +8,7 @@ the pipeline's size, never by the number of runs.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest

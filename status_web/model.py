@@ -8,13 +8,15 @@ log that fooled the parser must cost one cell its detail, never the page (see `g
 from __future__ import annotations
 
 import math
+import re
 import time
-from typing import Any, Callable
-
-from eaglelab.fsutil import parse_iso
+from collections.abc import Callable
+from typing import Any
 
 from eaglelab.figures import human_duration as fmt_duration
+from eaglelab.fsutil import parse_iso
 from eaglelab.model import FINAL, exit_text
+
 MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 
 
@@ -213,7 +215,7 @@ def overview(status: dict, now: float) -> dict:
     for s in status.get("stages") or []:
         if not isinstance(s, dict):
             continue
-        c = guarded(lambda: cell(s, runs.get(s.get("latest_run")), hosts, now),
+        c = guarded(lambda s=s: cell(s, runs.get(s.get("latest_run")), hosts, now),
                     {"stage": str(s.get("name")), "host": str(s.get("host")), "state": "unknown",
                      "run_id": s.get("latest_run")})
         rows.setdefault(str(s.get("host")), []).append(c)
@@ -382,7 +384,7 @@ def timeline(status: dict, now: float) -> dict:
     for s in status.get("stages") or []:
         if not isinstance(s, dict):
             continue
-        row = guarded(lambda: _timeline_row(s, by_id.get(s.get("latest_run")), runs, ends, now),
+        row = guarded(lambda s=s: _timeline_row(s, by_id.get(s.get("latest_run")), runs, ends, now),
                       {"stage": str(s.get("name")), "segments": [], "note": "unreadable"})
         rows.append(row)
     hidden = 0
@@ -548,7 +550,7 @@ def rate_plots(status: dict) -> list[dict]:
 
 # -- run page -------------------------------------------------------------------------------------
 
-_POSITION = __import__("re").compile(r"acc_(\d+)")
+_POSITION = re.compile(r"acc_(\d+)")
 
 
 def metric_rank(name: str) -> tuple:
@@ -622,7 +624,7 @@ def exit_view(run: dict) -> str:
     return f"{state}: {exit_text(run) or 'exit code 0'}" + (" (stop requested)" if run.get("stop_requested") else "")
 
 
-_ANSI = __import__("re").compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b.")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b.")
 
 
 def log_tail(data: bytes, lines: int = 60) -> list[str]:

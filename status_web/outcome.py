@@ -13,10 +13,10 @@ import re
 from typing import Any
 
 from eaglelab.fsutil import parse_iso
+from eaglelab.model import FINAL
 
 LOG_BYTES = 256 * 1024  # the summary lines are at the end of short logs
 HISTORY = 20
-from eaglelab.model import FINAL
 
 _SUMMARY = re.compile(r"eval summary: acceptance_rate=(?P<rate>[\d.eE+-]+) mean_acceptance_length=(?P<len>[\d.eE+-]+)"
                       r" speedup=(?P<speedup>[\d.eE+-]+|nan|inf) verdict=(?P<verdict>\w+)")
@@ -36,9 +36,7 @@ HEADLINE = {"PAYS": "FASTER", "NEUTRAL": "NO FASTER", "SLOWER": "SLOWER", "LOW_A
 
 def parse_eval(text: str) -> dict | None:
     """The eval stage's figures from its log text, or None when it printed no summary."""
-    m = None
-    for m in _SUMMARY.finditer(text):
-        pass
+    m = _last(_SUMMARY, text)
     if m is None:
         return None
     out: dict[str, Any] = {"acceptance_rate": float(m["rate"]), "mean_acceptance_length": float(m["len"]),
@@ -72,7 +70,7 @@ def parse_coverage(text: str) -> float | None:
 
 def _last(rx: re.Pattern, text: str):
     m = None
-    for m in rx.finditer(text):
+    for m in rx.finditer(text):  # noqa: B007 - the loop keeps the last match in m
         pass
     return m
 

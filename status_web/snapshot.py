@@ -10,11 +10,10 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from eaglelab.fsutil import utcnow_iso
-
 
 GZIP_LEVEL = 6  # status JSON is repetitive: level 6 is ~60x smaller than raw, level 1 only ~15x
 MAX_SLOW_SHARE = 1 / 3  # a refresh that takes t seconds waits at least 2t: the refresher uses <= 1/3 of a core
@@ -117,7 +116,7 @@ class Snapshot:
             if status is None:
                 if prev is None:
                     return None
-                status = dict(prev.status)  # noqa: the previous one, marked with the error below
+                status = dict(prev.status)  # the previous one, marked with the error below
             else:
                 mark_state_files(status, self.local_hosts())
             now = self.clock()
@@ -136,7 +135,7 @@ class Snapshot:
             self.last_took_s = self.clock() - started
             return snap
 
-    def start(self) -> "Snapshot":
+    def start(self) -> Snapshot:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="status-refresh", daemon=True)
             self._thread.start()
@@ -208,7 +207,7 @@ class ProcessSnapshot:
     def error(self) -> str | None:
         return self._error
 
-    def start(self) -> "ProcessSnapshot":
+    def start(self) -> ProcessSnapshot:
         if self._thread is None:
             self._proc.start()
             self._thread = threading.Thread(target=self._receive, name="status-receive", daemon=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from markupsafe import Markup, escape
 

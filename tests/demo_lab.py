@@ -84,7 +84,3 @@ class Lab:
 
 def snapshot(files) -> dict[str, tuple[int, int]]:
     return {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in files}
-
-
-def snapshot(files) -> dict[str, tuple[int, int]]:
-    return {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in files}

@@ -115,7 +115,7 @@ PartitionName={self.partition} Nodes={self.name} Default=YES MaxTime=INFINITE St
             "AutoDetect=off\n" + (f"NodeName={self.name} Name=gpu File={r}/gpus/nvidia[0-{self.gpus - 1}]\n"
                                   if self.gpus else ""))
 
-    def start(self) -> "SlurmLab":
+    def start(self) -> SlurmLab:
         missing = [d for d in DAEMONS if not os.path.exists(d)]
         if os.geteuid() != 0 or missing:
             raise RuntimeError(f"the Slurm test lab needs root and {', '.join(missing) or 'its tools'}; "

@@ -13,8 +13,16 @@ from click.testing import CliRunner
 
 from eaglelab.control.commands.eta import COMMANDS, eta_group
 from eaglelab.errors import RegistryError
-from eaglelab.eta import (BarTracker, History, TqdmEma, annotate, bar_eta, estimate_bar, phase_estimate,
-                          run_duration_estimate)
+from eaglelab.eta import (
+    BarTracker,
+    History,
+    TqdmEma,
+    annotate,
+    bar_eta,
+    estimate_bar,
+    phase_estimate,
+    run_duration_estimate,
+)
 from eaglelab.eta.replay import replay
 from eaglelab.fsutil import parse_iso
 
@@ -445,6 +453,7 @@ def test_a_silent_stage_with_no_history_has_an_unknown_eta_not_zero():
     """A stage that prints nothing (no bar, no phase) and never ran before: null, as
     docs/interfaces.md says, not "finishing now" for as long as it runs."""
     import time as _time
+
     from eaglelab.eta import annotate
     from eaglelab.fsutil import utcnow_iso
     now = _time.time()

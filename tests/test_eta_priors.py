@@ -17,8 +17,8 @@ from eaglelab.control.registry import Registry
 from eaglelab.control.status import collect
 from eaglelab.errors import ConfigError
 from eaglelab.eta import annotate
-from eaglelab.eta.prior import Prior, learned_span, prior_span
 from eaglelab.eta.history import History
+from eaglelab.eta.prior import Prior, learned_span, prior_span
 from eaglelab.fsutil import parse_iso
 from eaglelab.host import sizes
 
@@ -205,7 +205,7 @@ def test_sizes_are_measured_cheaply_on_the_host(tmp_path):
     write_rows(tmp_path / "p.jsonl", 3)
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "a").write_bytes(b"y" * 7)
-    m = lambda *a: sizes.measure(*a, cwd=str(tmp_path))  # noqa: E731
+    m = lambda *a: sizes.measure(*a, cwd=str(tmp_path))
     assert m("prepared", "samples")["size"] == 64
     assert m("prepared", "samples", "rows")["size"] == 60
     assert m("prepared", "bytes")["size"] == 10
@@ -246,7 +246,7 @@ def test_sizes_are_measured_again_only_when_due(tmplab, monkeypatch):
     from eaglelab.control import priors
     setup(tmplab, rows=5)
     lab = Lab(config.load(tmplab.conf), Registry(tmplab.logs / "registry.sqlite"))
-    silent = lambda: next(s["eta"] for s in collect(lab)["stages"] if s["name"] == "silent")  # noqa: E731
+    silent = lambda: next(s["eta"] for s in collect(lab)["stages"] if s["name"] == "silent")
     assert "5 samples" in silent()["basis"]
     write_rows(tmplab.root / "rows.jsonl", 9)
     assert "5 samples" in silent()["basis"]  # the last measurement, still fresh

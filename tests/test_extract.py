@@ -155,7 +155,7 @@ def extract_server(lab):
                 break
             except OSError:
                 if proc.poll() is not None or time.time() > deadline:
-                    raise AssertionError(f"vLLM did not come up:\n{(lab / 'serve.log').read_text()[-4000:]}")
+                    raise AssertionError(f"vLLM did not come up:\n{(lab / 'serve.log').read_text()[-4000:]}") from None
                 time.sleep(1)
         yield f"http://127.0.0.1:{port}", staging
     finally:

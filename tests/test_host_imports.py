@@ -1,6 +1,7 @@
 """The host side runs in whatever venv a host has: a host made from a small lock (tests/test_ssh_sync)
 or an old one must still answer `python -m eaglelab.host.hostside`. So nothing under eaglelab.host
 may import the controller's libraries (click, pydantic, flask, rich) at import time."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,3 +21,16 @@ def test_host_side_imports_without_the_controllers_libraries():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={"PYTHONPATH": str(ROOT / "py"), "PATH": "/usr/bin:/bin"})
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
+def test_hostside_as_a_program_answers_the_slurm_verbs_too(tmp_path):
+    """`python -m eaglelab.host.hostside` is what the controller runs over ssh, on a Slurm login node too."""
+    def hostside(verb: str, args: str = "{}") -> dict:
+        p = subprocess.run([sys.executable, "-m", "eaglelab.host.hostside", verb, "-"], input=args,
+                           capture_output=True, text=True, env={"PYTHONPATH": str(ROOT / "py"), "PATH": "/usr/bin:/bin"})
+        return json.loads(p.stdout)
+    usage = hostside("nope")["error"]
+    for verb in ("launch", "report", "slurm_submit", "slurm_report", "slurm_stop", "slurm_facts"):
+        assert verb in usage
+    got = hostside("slurm_report", json.dumps({"work_dir": str(tmp_path)}))  # slurmside's report, not a usage
+    assert got["runs"] == [] and "slurm_error" in got, got

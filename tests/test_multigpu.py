@@ -15,7 +15,6 @@ Real parts throughout: the tiny model, prepare, extraction, speculators 0.9.0, t
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TmpLab, wait_for
-from test_cron import Receiver, _kill_drainer
 from eaglelab.control import cron as cronlib
 from eaglelab.control import notify
-from eaglelab.errors import EaglelabError
 from eaglelab.control.plan import propagate
+from eaglelab.errors import EaglelabError
+from test_cron import Receiver, _kill_drainer
 
 POLLER = """
 import sys, time
@@ -40,18 +40,18 @@ def hooked(tmplab: TmpLab):
     r = Receiver()
     tmplab.write_lab(f"notify:\n  status_url: http://127.0.0.1:8765/\n  webhooks:\n"
                      f"    - {{url: '{r.url}/g', format: generic}}\n")
-    tmplab.write_pipeline(f"""\
+    tmplab.write_pipeline("""\
         stages:
           quick:
             host: local
-            command: ["${{python}}", "-m", "eaglelab.stages.tick", "--steps", "15", "--delay", "0.1"]
+            command: ["${python}", "-m", "eaglelab.stages.tick", "--steps", "15", "--delay", "0.1"]
           sleepy:
             host: local
-            command: ["${{python}}", "-m", "eaglelab.stages.tick", "--steps", "1", "--delay", "120"]
+            command: ["${python}", "-m", "eaglelab.stages.tick", "--steps", "1", "--delay", "120"]
           stuck:
             # a vLLM server with a request in flight and no tokens coming: the tailer calls it stalled
             host: local
-            command: ["${{python}}", "-c", "import time; [print('INFO 11-29 03:00:0%d [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%%' % i, flush=True) for i in range(3)]; time.sleep(120)"]
+            command: ["${python}", "-c", "import time; [print('INFO 11-29 03:00:0%d [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%%' % i, flush=True) for i in range(3)]; time.sleep(120)"]
         """)
     yield tmplab, r
     _kill_drainer(tmplab)
@@ -176,7 +176,7 @@ def test_schedules():
         with pytest.raises(EaglelabError, match="not a cron schedule"):
             cronlib.check_schedule(bad)
     import datetime as dt
-    start = dt.datetime(2026, 11, 29, 21, 0, tzinfo=dt.timezone.utc)
+    start = dt.datetime(2026, 11, 29, 21, 0, tzinfo=dt.UTC)
     assert [t.isoformat() for t in cronlib.next_times("0 3 * * *", start, 2)] == [
         "2026-11-30T03:00:00+00:00", "2026-12-01T03:00:00+00:00"]
     with pytest.raises(EaglelabError, match="'%'"):
@@ -215,8 +215,8 @@ class Redirector:
     """A webhook that answers every POST with a redirect to its own /caught, and records /caught."""
 
     def __init__(self, code: int):
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         self.caught: list[str] = []
         me = self
 

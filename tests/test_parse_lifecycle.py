@@ -6,8 +6,8 @@ import pytest
 
 from eaglelab.host.parse import markers
 from eaglelab.host.parse.records import LogClock, parse_record
-from eaglelab.host.parse.state import LogState
 from eaglelab.host.parse.stall import STALL_MIN_S, check_stall
+from eaglelab.host.parse.state import LogState
 from eaglelab.host.tail.whole import parse_bytes
 
 

@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -147,7 +146,7 @@ def test_training_resumed_from_its_checkpoint(run):
     lab, f = run
     assert f["epochs_at_kill"] and "2" not in f["epochs_at_kill"], f["epochs_at_kill"]
     assert f"train: resuming after epoch {f['epochs_at_kill'][-1]}" in f["train_resume"]
-    assert f"Training epoch 1/3 started" not in f["train_resume"]  # epoch 1 was not trained again
+    assert "Training epoch 1/3 started" not in f["train_resume"]  # epoch 1 was not trained again
     assert f["ckpt0_after"] == f["ckpt0_at_kill"]
     ck = lab.data / "checkpoints"
     assert (ck / "2" / "model.safetensors").is_file() and os.readlink(ck / "drafter") == "2"
@@ -196,7 +195,7 @@ def test_eval_is_a_sweep_measured_by_vllms_benchmark_with_the_verdict_named(run)
     assert rep["decided_at"] == {"concurrency": 4, "sampling": "greedy"}
     decided = cells[("greedy", 4)]
     assert rep["speedup"] == decided["comparison"]["speedup"] and rep["verdict"] == decided["comparison"]["verdict"]
-    for (sampling, conc), c in cells.items():
+    for (sampling, _conc), c in cells.items():
         for side in ("baseline", "spec"):
             fig = c[side]
             assert fig["repeats"] == 2 and fig["requests"] == 4 and fig["output_tokens"] == 4 * 32  # ignore_eos

@@ -24,6 +24,7 @@ def test_key_settings_table(argv, shown):
 def test_lab_plan_kimi_shows_each_stage_with_its_settings():
     import os
     import subprocess
+
     from conftest import LAB, REPO
     env = dict(os.environ, EAGLELAB_CONF=str(REPO / "conf"), EAGLELAB_PROFILE="kimi-k2.5")
     p = subprocess.run([str(LAB), "plan"], capture_output=True, text=True, env=env, timeout=180)

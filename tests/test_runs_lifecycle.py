@@ -193,8 +193,8 @@ def test_final_state_covers_the_log_even_when_the_live_tailer_fell_short(tmp_pat
     the end is recorded only after the state covers the whole log."""
     import threading
 
-    from eaglelab.host import jobwrap
     from eaglelab.fsutil import atomic_write_json
+    from eaglelab.host import jobwrap
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -275,6 +275,7 @@ def test_a_slow_jobwrap_start_is_pending_not_lost(tmp_path):
     """jobwrap can take longer than any grace to start on a loaded host or a cold venv: while the
     process hostside spawned lives, the run is pending, never lost (and launched a second time)."""
     import sys
+
     from eaglelab.host import hostside
     slow = tmp_path / "slowpy"
     slow.write_text(f"#!/bin/sh\nsleep 12\nexec {sys.executable} \"$@\"\n")
@@ -314,6 +315,7 @@ def test_a_lost_run_is_finalized(tmplab):
 
 def test_a_launch_that_cannot_start_leaves_no_fake_run(tmp_path):
     import sys
+
     from eaglelab.host import hostside
     work = tmp_path / "work"
     with pytest.raises(hostside.LaunchError, match="cannot start jobwrap"):
@@ -357,6 +359,7 @@ def test_a_disk_that_fills_up_never_loses_the_end_of_a_run(tiny_disk, tmp_path):
     """The stage fills the disk its run directory is on: the tailer and the heartbeat meet ENOSPC and
     go on, and the end is still recorded (its space was reserved at start): failed, disk_full."""
     import sys
+
     from eaglelab.host import hostside
     script = tmp_path / "fill.py"
     script.write_text(FILL)
@@ -376,6 +379,7 @@ def test_a_disk_that_fills_up_never_loses_the_end_of_a_run(tiny_disk, tmp_path):
 
 def test_a_disk_full_at_launch_starts_nothing_and_leaves_nothing(tiny_disk, tmp_path):
     import sys
+
     from eaglelab.host import hostside
     (tiny_disk / "runs").mkdir(mode=0o700)
     fill_disk(tiny_disk / "filler")
@@ -436,6 +440,7 @@ def test_a_slow_poller_writing_last_never_sets_an_ended_run_back_to_running(tmpl
     page's refresher next to a `lab run` following the stage): the run stays completed and the
     stage that depends on it starts."""
     import time as _time
+
     from eaglelab.control.lab import Lab, checked_report
     tmplab.write_pipeline(DEPENDENT.replace('"3"', '"20"'))
     tmplab.lab("run", "first", "--detach")

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
 import pytest
 
 from eaglelab.config import HostConfig, SshConfig
-from eaglelab.errors import HostError
 from eaglelab.control.executors.ssh import SshExecutor, remote_rel
 from eaglelab.control.mirror import LogMirror, safe_name
+from eaglelab.errors import HostError
 
 HOSTILE = ["; rm -rf /", "$(touch /tmp/x)", "`id`", "a'b", 'a"b', "\\", "*", "\n", "--", "-oProxyCommand=x"]
 
@@ -25,7 +24,6 @@ def executor(tmp_path: Path, **ssh) -> SshExecutor:
 @pytest.mark.parametrize("value", HOSTILE)
 def test_remote_command_is_one_quoted_argv(tmp_path, value):
     ex = executor(tmp_path)
-    args = {"work_dir": value, "spec": {"command": [value, "x"], "host": value}}
     argv = shlex.split(ex.remote_command("launch"))  # what a POSIX shell on the host makes of it
     # the arguments (values of the config, a launch's env) go on stdin, never on a command line
     assert argv == ["env", "PYTHONPATH=eaglelab/py", "eaglelab/.venv/bin/python", "-m", "eaglelab.host.hostside",

@@ -14,7 +14,8 @@ import pytest
 
 from eaglelab import config, manifest
 from eaglelab.errors import StageError
-from eaglelab.stages import common, eval as eval_stage, eval_bench, serve, synth, synth_probe, train, vocab
+from eaglelab.stages import common, eval_bench, serve, synth, synth_probe, train, vocab
+from eaglelab.stages import eval as eval_stage
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -242,7 +243,7 @@ def test_synth_stops_as_soon_as_the_error_budget_is_spent():
             try:
                 await guarded(i)
                 finished.append(i)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - as speculators' worker does: the error is the row, not a crash
                 pass
 
     async def run():
@@ -461,6 +462,7 @@ def test_tiny_model_is_sharded_has_masks_and_is_idempotent(tiny):
 
 def test_transformers_backend_final_layer_is_pre_norm_and_batching_agrees(tiny):
     import torch
+
     from eaglelab.stages import extract
 
     model = extract.load_hf_model(tiny / "model", "cpu")

@@ -76,7 +76,7 @@ def test_long_frame_runs_are_sampled_by_stream_bytes_whatever_the_chunking():
     live = run([frames[i:i + 300] for i in range(0, len(frames), 300)] + [b"\n"], sample_bytes=1000)
     assert len(live.frames) == 2399  # small reads (live tailing): every frame
     every = run([frames + b"\n"], sample_bytes=0)
-    assert [t for t, _ in every.frames] == ["bar %04d" % i for i in range(2399)]
+    assert [t for t, _ in every.frames] == [f"bar {i:04d}" for i in range(2399)]
     small = run([b"\rbar 1\rbar 2\rbar 3\r", b"x"], sample_bytes=1000)
     assert [t for t, _ in small.frames] == ["bar 1", "bar 2", "bar 3"]
 

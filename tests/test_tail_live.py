@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from conftest import wait_for as _wait_for
 from eaglelab.control.commands.parse import tail_cmd
 from eaglelab.fsutil import read_json
 from eaglelab.host.tail import follow_run, run_state
 from eaglelab.host.tail.run import RunFollower
-
-from conftest import wait_for as _wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 TQDM_CHILD = r"""
@@ -235,6 +234,7 @@ def test_a_stage_that_prints_nothing_is_stalled_after_a_while(tmp_path):
     """No byte in the log since the start, the process alive: after SILENT_MAX_S it is `stalled`
     (`silent`), with its ETA unknown rather than "finishing now"."""
     import os as _os
+
     from eaglelab.fsutil import utcnow_iso
     from eaglelab.host.tail.run import SILENT_MAX_S, RunFollower
     (tmp_path / "output.log").write_bytes(b"")

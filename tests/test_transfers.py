@@ -37,7 +37,7 @@ def data_on(sshlab, host: str, repo: str, path: str) -> Path:
 
 def stages(mb: int = 1) -> dict:
     make = ["${python}", SCRIPT, "make", "data/made", "--mb", str(mb), "--seed", "${seed}"]
-    use = lambda h: {"host": h, "depends_on": ["make"], "inputs": ["data/made"],  # noqa: E731
+    use = lambda h: {"host": h, "depends_on": ["make"], "inputs": ["data/made"],
                      "outputs": [f"data/used-{h}.txt"],
                      "command": ["${python}", SCRIPT, "check", "data/made", f"data/used-{h}.txt"]}
     return {"make": {"host": "h1", "command": make, "outputs": ["data/made"]}, "use2": use("h2"), "use3": use("h3")}

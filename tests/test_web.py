@@ -16,8 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import web_samples
 from eaglelab.control.lab import Lab
 from eaglelab.control.status import collect
-from status_web import create_app
-from status_web import model
+from status_web import create_app, model
 from status_web.snapshot import mark_state_files
 from web_lab import make_conf, make_run_dir
 
@@ -68,7 +67,7 @@ def test_api_status_is_collect_plus_web(lab, tmp_path):
     for key in ("id", "stage", "host", "state", "exit_code", "signal", "started_at", "ended_at"):
         assert key in run
     assert run["state"] == "completed" and run["log_state_status"] == "missing"
-    drop_eta = lambda d: {k: v for k, v in d.items() if k != "eta"}  # noqa: E731 - relative to each one's now
+    drop_eta = lambda d: {k: v for k, v in d.items() if k != "eta"}  # relative to each one's now
     assert drop_eta(body["stages"][0]) == drop_eta(direct["stages"][0])
     assert body["hosts"][0]["name"] == "local" and body["hosts"][0]["reachable"] is True
     assert body["web"]["refresh_error"] is None

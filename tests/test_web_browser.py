@@ -13,9 +13,9 @@ import subprocess
 import time
 import urllib.request
 
-from conftest import LAB, REPO
-
 from playwright import sync_api as playwright_api
+
+from conftest import LAB, REPO
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -16,10 +16,10 @@ import urllib.error
 import urllib.request
 from urllib.parse import urldefrag, urlparse
 
+from playwright import sync_api as playwright_api
+
 from conftest import LAB, wait_for
 from test_web_browser import ARGS, CHROMIUM, OUT, free_port, start_web, stop_web
-
-from playwright import sync_api as playwright_api
 
 ANSWER_TIMEOUT_MS = 10_000  # an answer must come; how fast is recorded, not asserted
 REFRESH_S = 0.5
@@ -138,7 +138,7 @@ def test_real_server_refuses_foreign_host_headers_and_keeps_threads_bounded(tmpl
             raise AssertionError("a foreign Host header was answered")
         except urllib.error.HTTPError as e:
             assert e.code == 421 and b"web.allowed_hosts" in e.read()
-        threads = lambda: len(os.listdir(f"/proc/{web.pid}/task"))  # noqa: E731
+        threads = lambda: len(os.listdir(f"/proc/{web.pid}/task"))
         before = threads()
         idle = []
         try:

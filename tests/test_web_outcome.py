@@ -168,6 +168,7 @@ def test_hostside_names_the_run_holding_each_gpu(tmp_path, monkeypatch):
     import os
     import subprocess
     import sys
+
     from eaglelab.host import hostside, machine
     stage = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:

@@ -171,7 +171,7 @@ def test_a_reload_error_puts_no_config_value_on_the_page(tmplab):
         for name, text, names in broken:
             (tmplab.conf / "lab.yaml").write_text(good)
             (tmplab.conf / name).write_text(text)
-            error = wait_for(lambda: (e := json.loads(get(port, "/api/status")[1])["config"]["error"])
+            error = wait_for(lambda names=names: (e := json.loads(get(port, "/api/status")[1])["config"]["error"])
                              and names in e["message"] and e, timeout=20)
             page = get(port, "/")[1]
             assert "SECRET" not in json.dumps(error) and "SECRET" not in page, (name, error)

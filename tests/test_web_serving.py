@@ -147,6 +147,7 @@ def test_slowloris_never_holds_the_page(tmplab):
     import socket
     import time
     import urllib.request
+
     from test_web_browser import free_port, start_web, stop_web
     tmplab.write_pipeline('stages:\n  a: {host: local, command: ["true"]}\n')
     port = free_port()

@@ -87,7 +87,7 @@ class TestLab:
 
     # -- up ------------------------------------------------------------------------------------
 
-    def start(self) -> "TestLab":
+    def start(self) -> TestLab:
         require_root_tools()
         sh("ip", "route", "replace", "unreachable", SUBNET)  # the guard, before anything else
         self.root.mkdir(parents=True, exist_ok=True)
@@ -216,7 +216,7 @@ class TestLab:
             except subprocess.TimeoutExpired:
                 pass
 
-    def __enter__(self) -> "TestLab":
+    def __enter__(self) -> TestLab:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -258,7 +258,7 @@ class SshLab:
         self.names: dict[str, str] = {}
         self._labs: list = []
 
-    def write(self, stages: dict, **kw) -> "SshLab":
+    def write(self, stages: dict, **kw) -> SshLab:
         self.names = kw.get("names") or {}
         lab_conf(self.conf, self.net, stages, work=self.work, logs_dir=self.logs, **kw)
         return self
@@ -319,5 +319,5 @@ class SshLab:
                 if close:
                     try:
                         close()
-                    except Exception:
+                    except Exception:  # noqa: BLE001 - teardown goes on whatever one close does
                         pass

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import model_validator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from . import length_budget
 from .errors import ConfigError
@@ -140,7 +140,7 @@ def unsafe_root(p: str) -> str | None:
     return None
 
 
-def slurm_options(host: "HostConfig", stage: "StageConfig | None" = None) -> dict:
+def slurm_options(host: HostConfig, stage: StageConfig | None = None) -> dict:
     """The host's sbatch defaults with the stage's overrides; GPUs default to the stage's `gpus`."""
     opts = (host.slurm or SlurmHostConfig()).model_dump()
     if stage is not None:
@@ -648,8 +648,8 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
     pipe = _validate(PipelineConfig, _deep_merge(pipe_raw, prof_pipe), [pipe_file, prof_file],
                      [pipe_raw, prof_pipe])
     lab_files, pipe_files = [lab_file, prof_file], [pipe_file, prof_file]
-    lab_at = lambda *loc: key_file(loc, lab_files, [lab_raw, prof_lab])  # noqa: E731 - the file holding a key
-    pipe_at = lambda *loc: key_file(loc, pipe_files, [pipe_raw, prof_pipe])  # noqa: E731
+    lab_at = lambda *loc: key_file(loc, lab_files, [lab_raw, prof_lab])  # the file holding a key
+    pipe_at = lambda *loc: key_file(loc, pipe_files, [pipe_raw, prof_pipe])
     for name in lab.hosts:
         check_name("host", name, f"{lab_at('hosts', name)}: hosts")
     for name in pipe.stages:

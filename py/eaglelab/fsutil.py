@@ -12,7 +12,7 @@ from typing import Any
 
 def utcnow_iso(ts: float | None = None) -> str:
     """ISO 8601 UTC with milliseconds and a Z, the one time format of every JSON we write."""
-    t = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc) if ts is not None else _dt.datetime.now(_dt.timezone.utc)
+    t = _dt.datetime.fromtimestamp(ts, _dt.UTC) if ts is not None else _dt.datetime.now(_dt.UTC)
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 

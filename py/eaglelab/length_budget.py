@@ -11,7 +11,7 @@ refused the extraction request, and every rerun failed the same way.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 KEYS = ("prompt_max_tokens", "synth_max_tokens", "seq_length", "max_model_len")
 

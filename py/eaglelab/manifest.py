@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import StageError
 from .fsutil import atomic_write_json, read_json, utcnow_iso

@@ -54,7 +54,7 @@ def add_smoke_stages(cfg) -> list[str]:
         st._smoke_of = name
         cfg.stages[smoke] = st
         added.append(smoke)
-    for name, s in cfg.stages.items():
+    for s in cfg.stages.values():
         if s.during is not None:
             after_units(cfg, s)  # a bad `after` fails at load, not in the middle of a pipeline
     return added

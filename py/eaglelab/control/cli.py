@@ -11,9 +11,11 @@ import time
 
 import click
 
-from .commands import all_commands
+from eaglelab import __version__
 from eaglelab.errors import EaglelabError
 from eaglelab.model import exit_text
+
+from .commands import all_commands
 from .lab import ACTIVE, Lab, exit_code_of
 
 
@@ -34,7 +36,7 @@ pass_ctx = click.make_pass_decorator(_Ctx)
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--conf", envvar="EAGLELAB_CONF", metavar="DIR", help="Config directory (default: <repo>/conf).")
 @click.option("--profile", envvar="EAGLELAB_PROFILE", help="Profile from conf/profiles/ (default: lab.yaml's).")
-@click.version_option(package_name=None, version=__import__("eaglelab").__version__)
+@click.version_option(package_name=None, version=__version__)
 @click.pass_context
 def cli(ctx: click.Context, conf: str | None, profile: str | None) -> None:
     """eaglelab: run, watch and time EAGLE-3 drafter pipelines on the lab's hosts."""

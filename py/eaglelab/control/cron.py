@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import subprocess
 import secrets
 import shlex
+import subprocess
 import sys
 import time
 from dataclasses import dataclass

@@ -9,28 +9,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from filelock import FileLock
 
 from eaglelab import __version__
 from eaglelab import config as config_mod
-from . import preflight
-from eaglelab.config import REPO_ROOT, Config, StageConfig
-from eaglelab.errors import EaglelabError, HostError, StageError
-from .executors import Executor, HostUnreachable, for_host
-from eaglelab.fsutil import parse_iso
+from eaglelab.config import Config, StageConfig
 from eaglelab.control.registry import Registry
-
+from eaglelab.errors import EaglelabError, HostError, StageError
+from eaglelab.fsutil import parse_iso
 from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, check, exit_text
-# Code every stage script leans on: a change here is a change of every stage that uses it.
-STAGE_SHARED_CODE = tuple(REPO_ROOT / "py" / "eaglelab" / p for p in ("stages/common.py", "manifest.py"))
+
+from . import preflight, stage_code
+from .executors import Executor, HostUnreachable, for_host
 
 
 class Lab:
@@ -49,9 +47,10 @@ class Lab:
         self.ignore_gates = False  # --ignore-gates (eaglelab.control.gates)
         self.gate_failures: dict[str, list[str]] = {}  # run id -> why its gate stopped it
         self.side_runs = None  # the pilot and smoke jobs of the pipeline being run (control/side_runs.py)
+        self.code_root = stage_code.SOURCE_ROOT  # where the code that fingerprints hash lives (py/)
 
     @classmethod
-    def load(cls, conf_dir: str | None = None, profile: str | None = None) -> "Lab":
+    def load(cls, conf_dir: str | None = None, profile: str | None = None) -> Lab:
         return cls(config_mod.load(conf_dir, profile))
 
     def executor(self, host: str) -> Executor:
@@ -64,7 +63,7 @@ class Lab:
     def launch_spec(self, stage: StageConfig) -> dict:
         ex = self.executor(stage.host)
         variables = self.cfg.vars_for(stage, repo=ex.repo_dir(), python=ex.python, work_dir=ex.work_dir)
-        render = lambda v: self.cfg.render(stage, v, variables)  # noqa: E731
+        render = lambda v: self.cfg.render(stage, v, variables)
         return {
             "stage": stage.name, "host": stage.host, "profile": self.cfg.profile, "kind": stage.kind,
             "command": [render(a) for a in stage.command],
@@ -76,18 +75,15 @@ class Lab:
         }
 
     def fingerprint(self, stage: StageConfig, spec: dict | None = None) -> str:
-        """Config + inputs' manifests + code version + the configuration of the services the stage
-        `needs` (a vLLM flag or num_speculative_tokens changes what eval measures and what synth
-        generates): a change in any of them means rerun."""
-        def code_of(spec: dict) -> dict:  # the stage script a command runs, and the helpers all stages share
+        """Config + inputs' manifests + code + the configuration of the services the stage `needs` (a
+        vLLM flag or num_speculative_tokens changes what eval measures and what synth generates): a
+        change in any of them means rerun. The code is every module of the package that the modules
+        a command names (`-m eaglelab.stages.train`) may run: their import closure (stage_code)."""
+        def code_of(spec: dict) -> dict:
             code = {"eaglelab": __version__}
-            pkg = REPO_ROOT / "py" / "eaglelab"
             for arg in spec["command"]:
-                m = re.fullmatch(r"eaglelab\.stages\.(\w+)", arg)
-                if m:
-                    for src in (pkg / "stages" / f"{m.group(1)}.py", *STAGE_SHARED_CODE):
-                        if src.exists():
-                            code[str(src.relative_to(pkg))] = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+                if stage_code.module_path(arg, self.code_root) is not None:
+                    code.update(stage_code.code_digest(arg, self.code_root))
             return code
 
         spec = spec or self.launch_spec(stage)
@@ -394,7 +390,7 @@ class Lab:
         return self.registry.get(rec["id"]) or final
 
     def pipeline(self, force: bool = False, keep_services: bool = False, follow: bool = True,
-                 out: TextIO = sys.stdout) -> "PipelineResult":
+                 out: TextIO = sys.stdout) -> PipelineResult:
         """Every job in dependency order, each only if needed, stopping at the first that does not
         complete; services are stopped however it ends (Ctrl-C included) unless keep_services.
         `lab pipeline` and a cron firing both call this."""
@@ -430,7 +426,7 @@ class Lab:
                     break
                 if not keep_services:  # a service no job left in the pipeline needs holds its GPUs for nothing
                     later = {svc for n in jobs[i + 1:] for svc in self.cfg.stage(n).needs}
-                    self.stop_services(out=out, keep=lambda n: n in later, why="no stage left needs it")
+                    self.stop_services(out=out, keep=lambda n, later=later: n in later, why="no stage left needs it")
             if result.failed is None:
                 side.finish()  # a pilot still running: its forecast belongs to this pipeline
         finally:

@@ -32,8 +32,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from eaglelab.figures import human_duration as _human
-from eaglelab.side_jobs import SMOKE_PREFIX  # smoke-<stage>: the next stage's smoke test (a side job)
 from eaglelab.model import ACTIVE, how_it_ended
+from eaglelab.side_jobs import SMOKE_PREFIX  # smoke-<stage>: the next stage's smoke test (a side job)
 
 EVENTS = ("completed", "failed", "stalled", "pipeline_finished", "gate_failed")
 MAX_ATTEMPTS = 6
@@ -359,7 +359,7 @@ def _attempt(db_path: Path, row: dict) -> None:
         error = f"HTTP {e.code}"
     except WebhookRefused as e:  # the same answer next time: no retry
         error, row = f"refused: {e}", {**row, "attempts": MAX_ATTEMPTS - 1}
-    except Exception as e:  # unreachable, refused, timeout: all retried
+    except Exception as e:  # noqa: BLE001 - unreachable, refused, timeout, bad URL: all retried
         error = f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
     attempts = row["attempts"] + 1
     now = time.time()

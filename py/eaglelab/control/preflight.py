@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-from eaglelab.config import REPO_ROOT, StageConfig
+from eaglelab.config import REPO_ROOT, StageConfig, slurm_options
 from eaglelab.errors import HostError, StageError
+
+from . import slurm_preflight
+from .checks import Check
 from .executors import HostUnreachable
 
 BF16_BYTES = 2
@@ -31,21 +34,6 @@ TOKEN_KEYS = ("tokens", "total_tokens", "sum_seq_len", "num_tokens")
 # pipeline vars the estimates read (each may refer to other vars)
 ESTIMATE_VARS = ("hidden_size", "aux_layers", "total_tokens", "num_samples", "synth_limit", "seq_length",
                  "gpu_mem_mib", "gpu_memory_utilization")
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool | None  # None: could not be decided (a warning, not a failure)
-    detail: str
-    fix: str = ""
-
-    @property
-    def verdict(self) -> str:
-        return {True: "PASS", False: "FAIL", None: "WARN"}[self.ok]
-
-    def line(self) -> str:
-        return f"{self.verdict:4} {self.name:6} {self.detail}" + (f" — fix: {self.fix}" if self.ok is False else "")
 
 
 # -- pure cores --------------------------------------------------------------------------------
@@ -273,8 +261,6 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
     checks.append(check_disk(est, how, free, where))
     mem, util = variables.get("gpu_mem_mib"), variables.get("gpu_memory_utilization")
     if host.reach == "slurm":  # Slurm hands out the GPUs: can the request ever be met?
-        from . import slurm_preflight
-        from eaglelab.config import slurm_options
         opts = spec.get("slurm") or slurm_options(host, stage)
         checks.extend(slurm_preflight.checks(ex.slurm_facts(), opts, stage.host))
         checks.append(check_inputs(facts.get("inputs") or {}, input_origins(lab, stage, spec["inputs"])))

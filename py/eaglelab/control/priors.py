@@ -14,7 +14,6 @@ from eaglelab.fsutil import parse_iso
 
 from .lab import Lab
 
-
 TRANSFER_BYTES_PER_S = 1.0e8  # a transfer stage's prior: ~a 1 Gb/s link (no seed figure; x3 range)
 
 

@@ -14,9 +14,9 @@ import re
 import sqlite3
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 from eaglelab.errors import RegistryError
 from eaglelab.fsutil import utcnow_iso
@@ -170,7 +170,7 @@ class Registry:
             for observe in self.observers:
                 try:
                     observe(changes)
-                except Exception as e:  # an observer never breaks the registry
+                except Exception as e:  # noqa: BLE001 - an observer never breaks the registry
                     print(f"lab: registry observer failed: {type(e).__name__}: {e}", file=sys.stderr)
 
     @staticmethod

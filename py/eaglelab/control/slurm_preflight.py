@@ -9,7 +9,7 @@ can *ever* be satisfied (a job that cannot, pends forever with no error), not wh
 
 from __future__ import annotations
 
-from .preflight import Check
+from .checks import Check
 
 
 def check_partition(facts: dict, opts: dict, host: str) -> Check:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
-from eaglelab.fsutil import utcnow_iso
 from eaglelab import model
+from eaglelab.fsutil import utcnow_iso
+
 from .lab import Lab
 
 SCHEMA = 1
@@ -65,6 +66,7 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
 def side_jobs_view(lab: Lab, runs: list[dict]) -> list[dict]:
     """pipeline.side_jobs: each pilot / smoke test, what it runs beside, its latest run and why it failed."""
     from eaglelab import side_jobs
+
     from .side_runs import failure_of
     out = []
     for name in side_jobs.side_jobs(lab.cfg):
@@ -84,6 +86,7 @@ def side_jobs_view(lab: Lab, runs: list[dict]) -> list[dict]:
 
 def _annotate_eta(lab: Lab, status: dict, now: float, refresh: bool = False) -> dict:
     from eaglelab import eta
+
     from .priors import stage_priors
     priors, units = stage_priors(lab, status["runs"], refresh)  # input sizes: measured on the hosts when due
     return eta.annotate(status, {"phases": lab.registry.phase_history(), "units": units}, now, priors)

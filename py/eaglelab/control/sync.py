@@ -19,6 +19,7 @@ from typing import TextIO
 
 from eaglelab.config import REPO_ROOT
 from eaglelab.errors import HostError
+
 from .executors.ssh import SshExecutor
 from .preflight import lock_path
 

@@ -29,6 +29,7 @@ import click
 
 from eaglelab import config as config_mod
 from eaglelab.errors import EaglelabError, HostError, StageError
+
 from .executors import Executor, HostUnreachable, for_host
 
 PROGRESS = re.compile(rb"^\s*([\d,]+)\s+\d+%")  # rsync --info=progress2: "  1,234,567  45%  1.2MB/s ..."
@@ -152,7 +153,7 @@ def move(cfg, stage_name: str, out=sys.stdout) -> dict:
             size = have[p]["bytes"]
             for attempt in range(1, opts.retries + 2):
                 rc, err = run_leg(leg, have[p]["is_dir"], opts.bwlimit,
-                                  lambda n: bar.update(max(0, min(done + min(n, size), steps) - bar.n)))
+                                  lambda n, done=done, size=size: bar.update(max(0, min(done + min(n, size), steps) - bar.n)))
                 if rc == 0:
                     break
                 if attempt > opts.retries:
@@ -185,9 +186,9 @@ def main(conf_dir: str, profile: str, stage_name: str) -> None:
     try:
         move(config_mod.load(conf_dir, profile), stage_name)
     except HostUnreachable as e:
-        raise SystemExit(f"lab transfer: host unreachable: {e}")
+        raise SystemExit(f"lab transfer: host unreachable: {e}") from None
     except EaglelabError as e:
-        raise SystemExit(f"lab transfer: {e}")
+        raise SystemExit(f"lab transfer: {e}") from None
 
 
 if __name__ == "__main__":

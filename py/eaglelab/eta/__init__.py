@@ -4,8 +4,10 @@ stages through the `depends_on` DAG, `annotate` for `lab status --json`), `repla
 re-estimated frame by frame, as if tailed live: `lab eta replay`, the benchmarks).
 Pure: no I/O, the clock is passed in."""
 
-from .estimator import (CONCURRENT_BARS, BarEstimate, BarTracker, TqdmEma, bar_eta,  # noqa: F401
-                        estimate_bar)
-from .history import (History, PhaseRecord, RunRecord, Span, phase_estimate, phase_template,  # noqa: F401
-                      run_duration_estimate)
-from .schedule import annotate, pipeline_finish, run_eta  # noqa: F401
+from .estimator import CONCURRENT_BARS, BarEstimate, BarTracker, TqdmEma, bar_eta, estimate_bar
+from .history import History, PhaseRecord, RunRecord, Span, phase_estimate, phase_template, run_duration_estimate
+from .schedule import annotate, pipeline_finish, run_eta
+
+__all__ = ["CONCURRENT_BARS", "BarEstimate", "BarTracker", "History", "PhaseRecord", "RunRecord", "Span", "TqdmEma",
+           "annotate", "bar_eta", "estimate_bar", "phase_estimate", "phase_template", "pipeline_finish", "run_eta",
+           "run_duration_estimate"]

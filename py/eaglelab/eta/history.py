@@ -46,7 +46,7 @@ class History:
     units: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "History":
+    def from_dict(cls, d: dict | None) -> History:
         """The plain JSON shape (docs/interfaces.md, "## ETA") -> History. Unknown keys are ignored."""
         if not d:
             return cls()
@@ -73,7 +73,7 @@ class History:
         return cls(runs=tuple(runs), expected_items=dict(d.get("expected_items") or {}),
                    units=_units(d.get("units") or []))
 
-    def with_status_runs(self, status: dict) -> "History":
+    def with_status_runs(self, status: dict) -> History:
         """Plus the finished runs the status itself lists (their phases from their log state), so an
         ETA has history even where the registry kept no phase rows; a run already known is skipped."""
         known = {r.run_id for r in self.runs if r.run_id}
@@ -109,7 +109,7 @@ class Span:
     source: str  # progress | history | size | other_host | prior | learned | elapsed | none
     basis: str = ""  # in words, for a person: "prior: 64 samples at 2 samples/s (lines of ...)"
 
-    def __add__(self, other: "Span") -> "Span":
+    def __add__(self, other: Span) -> Span:
         src = self.source if self.source == other.source else "mixed"
         basis = self.basis if self.basis == other.basis else ""
         return Span(self.eta_s + other.eta_s, self.low_s + other.low_s, self.high_s + other.high_s, src, basis)

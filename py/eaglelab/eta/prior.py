@@ -25,7 +25,7 @@ class Prior:
     reason: str | None = None  # why there is no size (units None), or why a fallback was used
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Prior":
+    def from_dict(cls, d: dict) -> Prior:
         units = d.get("units")
         return cls(unit=str(d["unit"]), per_s=float(d["per_s"]), units=None if units is None else float(units),
                    fixed_s=float(d.get("fixed_s") or 0.0), spread=float(d.get("spread") or 3.0),

@@ -10,14 +10,15 @@ is the bar's own printed elapsed time (a line's timestamp where the frame prints
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
-from .estimator import TqdmEma, bar_eta
 from eaglelab.figures import seconds
 from eaglelab.host.parse.bars import line_timestamp  # noqa: F401  (re-exported: the bar clock)
 from eaglelab.host.parse.state import LogState
 from eaglelab.host.tail.frames import FrameSplitter
+
+from .estimator import TqdmEma, bar_eta
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 
 from eaglelab.figures import seconds
 
-from .history import HISTORY_WIDEN, WHOLE_RUN, ZERO, History, Span, phase_estimate, phase_template
+from .history import HISTORY_WIDEN, ZERO, History, Span, phase_estimate, phase_template
 from .prior import Prior, learned_span, stage_estimate
 
 READY_PHASES = ("ready", "serving")  # a service is "done" for the DAG once its log says it is ready
@@ -19,7 +19,7 @@ READY_PHASES = ("ready", "serving")  # a service is "done" for the DAG once its 
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    t = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
+    t = _dt.datetime.fromtimestamp(ts, _dt.UTC)
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
@@ -98,7 +98,7 @@ def run_eta(run: dict, history: History, profile: str, now: float) -> dict | Non
         current_span = _progress_span(log.get("progress"), now)
         hist = phase_estimate(history, stage, host, profile, current) if current and current_span is None else None
         if hist is not None:
-            left = lambda d: max(d - in_phase, 0.0)  # noqa: E731
+            left = lambda d: max(d - in_phase, 0.0)
             # Already longer than any earlier run: a little more at least, and a range that says so.
             current_span = Span(left(hist.eta_s), left(hist.low_s), max(left(hist.high_s), hist.eta_s * 0.1),
                                 hist.source)

@@ -20,12 +20,11 @@ from pathlib import Path
 
 from eaglelab.fsutil import UntrustedFolder, atomic_write_json, parse_iso, read_json, trusted_folder, utcnow_iso
 from eaglelab.model import BadRecord, Exit, Meta, check, decide_end, signal_text
+
 from . import hostfacts, machine, sizes
 from .jobwrap import group_alive
 from .machine import free_disk, gpus, inputs_digest, mark_gpu_holders
 from .tail.run import RunFollower, run_state
-
-
 
 SPAWN_GRACE_S = 10.0  # between the spawn and spawned.json; after that, the spawned process must live
 
@@ -417,22 +416,19 @@ VERBS = {
     "facts": lambda a: hostfacts.facts(a["work_dir"], a.get("inputs", []), a.get("outputs", []), a.get("cwd", ".")),
 }
 
-# A Slurm login node answers these too (eaglelab.host.slurmside; imported only when asked for).
-for _verb in ("slurm_submit", "slurm_report", "slurm_stop", "slurm_facts"):
-    VERBS[_verb] = (lambda v: lambda a: __import__("eaglelab.host.slurmside", fromlist=["VERBS"]).VERBS[v](a))(_verb)
 
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, verbs: dict | None = None) -> int:
     """python -m eaglelab.host.hostside VERB -  (the JSON arguments on stdin: a launch's env holds
     secrets, and a command line is visible to every user of the host)  ->  one JSON object on stdout.
-    `VERB 'JSON'` is still read, from older controllers."""
+    `VERB 'JSON'` is still read, from older controllers. verbs: the table answered (default VERBS)."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] not in VERBS:
-        print(json.dumps({"error": f"usage: hostside {{{'|'.join(VERBS)}}} -|JSON"}))
+    verbs = VERBS if verbs is None else verbs
+    if len(argv) != 2 or argv[0] not in verbs:
+        print(json.dumps({"error": f"usage: hostside {{{'|'.join(verbs)}}} -|JSON"}))
         return 2
     try:
-        result = VERBS[argv[0]](json.loads(sys.stdin.read() if argv[1] == "-" else argv[1]))
-    except Exception as e:  # report, never a traceback on the wire
+        result = verbs[argv[0]](json.loads(sys.stdin.read() if argv[1] == "-" else argv[1]))
+    except Exception as e:  # noqa: BLE001 - report, never a traceback on the wire
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
         return 1
     print(json.dumps(result))
@@ -440,4 +436,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As a program it answers a Slurm login node's verbs too. slurmside builds on this module, so it is
+    # imported only here, where this file runs as __main__: no module imports it back.
+    from eaglelab.host import slurmside
+    sys.exit(main(verbs={**VERBS, **slurmside.VERBS}))

@@ -34,7 +34,7 @@ def end_state(exit_code: int | None, sig: int | None, stop_requested: bool = Fal
     return decide_end(exit_code, sig, stop_requested=stop_requested).state.value
 
 
-def _start_log_follower(run_dir: Path, stop: threading.Event, disk: "DiskFull") -> threading.Thread | None:
+def _start_log_follower(run_dir: Path, stop: threading.Event, disk: DiskFull) -> threading.Thread | None:
     """Parse the log where it is written (tailer, if this install has it) into state.json."""
     try:
         from .tail import follow_run  # provided by the tailer; absent in a minimal install
@@ -196,7 +196,7 @@ def _ensure_final_state(run_dir: Path, follower: threading.Thread) -> None:
     try:
         from .tail.run import RunFollower
         RunFollower(run_dir).finish()
-    except Exception as e:  # the end must be recorded whatever the parser does
+    except Exception as e:  # noqa: BLE001 - the end must be recorded whatever the parser does
         print(f"jobwrap: final parse failed: {type(e).__name__}: {e}", flush=True)
 
 

@@ -25,12 +25,13 @@ import shlex
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from . import hostside, machine
 from eaglelab.fsutil import UntrustedFolder, atomic_write_json, parse_iso, read_json, trusted_folder, utcnow_iso
 from eaglelab.model import BadRecord
+
+from . import hostside, machine
 
 SLURM_TIMEOUT_S = 30
 MASTER_PORT_BASE = 29500
@@ -226,7 +227,7 @@ def slurm_time(s: str | None) -> str | None:
     if not s or s in ("N/A", "Unknown", "None", "(null)"):
         return None
     try:
-        t = datetime.strptime(s, "%Y-%m-%dT%H:%M:%S").astimezone(timezone.utc).timestamp()
+        t = datetime.strptime(s, "%Y-%m-%dT%H:%M:%S").astimezone(UTC).timestamp()
     except ValueError:
         return None
     return utcnow_iso(t)

@@ -8,6 +8,7 @@ extraction appends and training adds by itself), as speculators' `--target-layer
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ..errors import StageError
@@ -101,3 +102,32 @@ def read_jsonl(path: Path) -> tuple[list[dict], int]:
             else:
                 bad += 1
     return rows, bad
+
+
+# ---- names one stage writes and another reads (here, so that stages need not import each other) ----
+
+SERVER_INFO = "extract_server.json"  # written into --hidden-states-path by serve's mode extract; extract reads it
+TRIMMED_DATA = "dataset"  # extract's <out>/dataset: the prepared rows, those at the cap trimmed (when any is)
+
+
+def extraction_layers(aux_layers: list[int], num_layers: int) -> list[int]:
+    """The layer ids vLLM extracts: the aux layers, then the last layer (what training expects)."""
+    check_aux_layers(aux_layers, num_layers, "--aux-layers")
+    return [*aux_layers, num_layers]
+
+
+def hs_path(out: Path, idx: int) -> Path:
+    """Extract's hidden states of sample idx (train reads them)."""
+    return out / f"hs_{idx}.safetensors"
+
+
+def completed_epochs(save_path: Path) -> list[int]:
+    """Train's epoch checkpoints that are whole (config + weights), ascending."""
+    if not save_path.is_dir():
+        return []
+    done = []
+    for d in save_path.iterdir():
+        if d.is_dir() and not d.is_symlink() and re.fullmatch(r"\d+", d.name):
+            if (d / "config.json").is_file() and (d / "model.safetensors").is_file():
+                done.append(int(d.name))
+    return sorted(done)

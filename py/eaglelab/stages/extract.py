@@ -33,11 +33,7 @@ from .. import manifest
 from ..errors import StageError
 from ..fsutil import read_json
 from . import common, shards
-from .serve import SERVER_INFO, extraction_layers
-
-
-def hs_path(out: Path, idx: int) -> Path:
-    return out / f"hs_{idx}.safetensors"
+from .common import SERVER_INFO, TRIMMED_DATA, extraction_layers, hs_path
 
 
 def rank_indices(num_samples: int, max_samples: int | None, world_size: int, rank: int) -> list[int]:
@@ -187,12 +183,12 @@ class HostBuffers:
 
         self.cuda = device.startswith("cuda")
         self.stream = torch.cuda.Stream() if self.cuda else None
-        self.free: "queue.Queue" = queue.Queue()
+        self.free: queue.Queue = queue.Queue()
         for _ in range(max(count, 1)):
             self.free.put(torch.empty(0, dtype=torch.uint8, pin_memory=self.cuda))
         self.wait_s = 0.0
 
-    def copy_out(self, stacked, lengths: list[int], timer: "DeviceTimer | None" = None):
+    def copy_out(self, stacked, lengths: list[int], timer: DeviceTimer | None = None):
         """Start the device->host copy of each sample's rows; returns (buffer, views, done event).
         The views are valid once the event has completed; the buffer goes back with release()."""
         import torch
@@ -243,7 +239,7 @@ class Writer:
         import queue
         import threading
 
-        self.queue: "queue.Queue" = queue.Queue(maxsize=max(depth, 1))
+        self.queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self.error: BaseException | None = None
         self.written = 0
         self.wait_s = 0.0  # time the forward loop spent blocked on a full queue
@@ -394,7 +390,6 @@ def run_transformers(model_dir: Path, dataset, todo: list[int], out: Path, aux_l
 
 # ---- the length cap --------------------------------------------------------------------------
 
-TRIMMED_DATA = "dataset"  # <out>/dataset: the prepared rows, those at the cap trimmed (when any is)
 
 
 def server_max_model_len(endpoint: str, timeout: float = 30.0) -> int:

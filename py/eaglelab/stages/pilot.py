@@ -62,6 +62,9 @@ SYNTH_OUT, SYNTH_ERR = "responses.jsonl", "responses.errors.jsonl"  # synth.OUT_
 LEDGER = "pilot.steps.json"
 DIRS = {"synth": "synth", "prepare": "prepared", "extract": "hidden_states", "vocab": "vocab", "train": "checkpoints"}
 STEPS = ("prepare", "extract", "vocab", "train", "acceptance")
+# The stages run as children, spelled out: the fingerprint follows these names (control/stage_code.py).
+CHILDREN = {"prepare": "eaglelab.stages.prepare", "extract": "eaglelab.stages.extract",
+            "vocab": "eaglelab.stages.vocab", "train": "eaglelab.stages.train"}
 POLL_S = 2.0
 TAIL_LINES = 20
 
@@ -259,7 +262,7 @@ def run_child(step: str, n: int, stage: str, argv: list[str]) -> bytes:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("COLUMNS", "1000")  # Rich wraps speculators' metric lines at 80 columns otherwise
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, os.environ.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", f"eaglelab.stages.{stage}", *argv]
+    cmd = [sys.executable, "-m", CHILDREN[stage], *argv]
     sys.stdout.flush()
     out = sys.stdout.buffer
     Child.proc = proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
@@ -354,7 +357,7 @@ def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: floa
          trust_remote_code: bool, extract_backend: str, extract_endpoint: str, extract_staging: Path | None) -> None:
     """Run the pilot slice: synth's first rows through prepare, extract, vocab and a short train."""
     t0 = time.monotonic()
-    echo = lambda m: click.echo(m)  # noqa: E731
+    echo = lambda m: click.echo(m)
     signal.signal(signal.SIGTERM, on_term)
     if not (model / "config.json").is_file():
         raise StageError(f"{model / 'config.json'}: not found; --model must be the target model directory "

@@ -29,15 +29,9 @@ import click
 from ..errors import StageError
 from ..fsutil import atomic_write_json
 from . import common, serve_smoke
+from .common import SERVER_INFO, extraction_layers
 
-SERVER_INFO = "extract_server.json"  # written into --hidden-states-path by mode extract
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding `eaglelab/`
-
-
-def extraction_layers(aux_layers: list[int], num_layers: int) -> list[int]:
-    """The layer ids vLLM extracts: the aux layers, then the last layer (what training expects)."""
-    common.check_aux_layers(aux_layers, num_layers, "--aux-layers")
-    return [*aux_layers, num_layers]
 
 
 def kv_transfer_config(hidden_states_path: str, device: str) -> dict:

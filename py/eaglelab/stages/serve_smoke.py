@@ -30,7 +30,7 @@ import requests
 
 from ..errors import StageError
 from . import eval as eval_stage
-from .train import completed_epochs
+from .common import completed_epochs
 
 POLL_S = 2.0
 TAIL = 20  # vLLM's last lines kept for an error

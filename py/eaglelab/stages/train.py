@@ -21,7 +21,6 @@ this process only: the model and batches go to "cpu" instead of `local_rank` 0, 
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -30,16 +29,18 @@ import click
 from .. import manifest
 from ..errors import StageError
 from ..fsutil import read_json
-from . import common, warm_start as warm
+from . import common
+from . import warm_start as warm
+from .common import TRIMMED_DATA, completed_epochs, hs_path
 
 DRAFTER_LINK = "drafter"  # <out>/drafter -> the last epoch's checkpoint
 
 
 def cpu_patches() -> None:
     """Make speculators' trainer run on CPU (it assumes an accelerator)."""
-    import torch
     import speculators.train.checkpointer as checkpointer
     import speculators.train.trainer as trainer
+    import torch
 
     trainer.get_local_rank = lambda: "cpu"  # Trainer does model.to(local_rank), batch.to(local_rank)
     checkpointer.get_current_device = lambda: "cpu"  # resume loads state dicts onto this device
@@ -60,9 +61,9 @@ def cpu_process_group() -> None:
     `maybe_setup_distributed` selects the accelerator (`set_device_index(local_rank)`, fails with
     none) and its backend; do the same bookkeeping with the gloo backend instead. DDP then wraps
     the CPU model (no device_ids) and all-reduces gradients over gloo."""
-    import torch.distributed as dist
     import speculators.train.cli as cli
     import speculators.train.distributed as sd
+    import torch.distributed as dist
 
     original = cli.maybe_setup_distributed
 
@@ -109,18 +110,6 @@ def torchrun_argv(nproc: int, out_dir: Path, stage_args: list[str]) -> list[str]
             "--tee", "3", "--log-dir", str(out_dir / TORCHRUN_LOGS), "-m", "eaglelab.stages.train", *stage_args]
 
 
-def completed_epochs(save_path: Path) -> list[int]:
-    """Epoch checkpoints that are whole (config + weights), ascending."""
-    if not save_path.is_dir():
-        return []
-    done = []
-    for d in save_path.iterdir():
-        if d.is_dir() and not d.is_symlink() and re.fullmatch(r"\d+", d.name):
-            if (d / "config.json").is_file() and (d / "model.safetensors").is_file():
-                done.append(int(d.name))
-    return sorted(done)
-
-
 def _rows(path: Path) -> int:
     from datasets import load_from_disk
     return len(load_from_disk(str(path)))
@@ -142,7 +131,6 @@ def smoke_inputs(data: Path, hidden_states: Path, out_dir: Path, prepared: str, 
 
     from datasets import load_from_disk
 
-    from .extract import TRIMMED_DATA, hs_path
 
     def of_these_rows() -> bool:
         doc = manifest.read(hidden_states) or read_json(hidden_states / manifest.CLAIM) or {}

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import click
 
-from .. import cron as cronlib
 from eaglelab.errors import EaglelabError
 from eaglelab.fsutil import utcnow_iso
+
+from .. import cron as cronlib
 from ..lab import exit_code_of
 from ..plan import format_plan, make_plan
 
@@ -182,7 +183,7 @@ def _run_target(ctx: click.Context, target: str) -> tuple[int, str | None]:
     except EaglelabError as e:
         click.echo(f"lab: {e.format_message()}")
         return e.exit_code, e.format_message()
-    except Exception as e:  # the firing still records and reports how it ended
+    except Exception as e:  # noqa: BLE001 - the firing still records and reports how it ended
         traceback.print_exc()
         return 1, f"{type(e).__name__}: {e}"
 

@@ -31,7 +31,7 @@ def _print_rows(lines, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps(d))
         else:
-            fmt = lambda v: "?" if v is None else f"{v:.0f}s"  # noqa: E731
+            fmt = lambda v: "?" if v is None else f"{v:.0f}s"
             click.echo(f"{d['label'] or '(bar)'} {d['n']}/{d['total']} eta {fmt(d['eta_s'])} "
                        f"[{fmt(d['eta_low_s'])}..{fmt(d['eta_high_s'])}] tqdm {fmt(d['tqdm_eta_s'])}")
 

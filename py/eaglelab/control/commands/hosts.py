@@ -8,8 +8,9 @@ import sys
 
 import click
 
-from .. import preflight as preflight_mod
 from eaglelab.errors import HostError
+
+from .. import preflight as preflight_mod
 
 
 def _lab(ctx: click.Context):

@@ -7,8 +7,9 @@ import json
 
 import click
 
-from .. import notify as notifylib
 from eaglelab.errors import ConfigError
+
+from .. import notify as notifylib
 
 
 def _lab(ctx: click.Context):
@@ -37,7 +38,7 @@ def test(ctx: click.Context) -> None:
         try:
             notifylib.post(hook.resolved_url(), body, headers)
             click.echo(f"ok      {notifylib.redact_url(hook.resolved_url())} ({hook.format})")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - each hook's failure is shown, the next one still tried
             failed += 1
             click.echo(f"FAILED  {notifylib.redact_url(hook.resolved_url())} ({hook.format}): {type(e).__name__}: "
                        f"{getattr(e, 'reason', None) or e}")

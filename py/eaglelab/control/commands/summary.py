@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import click
 
 from eaglelab.errors import EaglelabError
+
 from ..lab import Lab
 from ..render import fmt_duration
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from eaglelab.config import HostConfig
 from eaglelab.errors import ConfigError
+
 from .base import Executor, HostUnreachable
 
 

@@ -8,6 +8,7 @@ import sys
 from eaglelab.errors import HostError
 from eaglelab.host import hostfacts, hostside, machine
 from eaglelab.model import BadRecord
+
 from .base import Executor, local_repo_dir
 
 

@@ -10,9 +10,10 @@ exactly as an ssh host (the `ssh:` block); either way the Slurm side is eaglelab
 
 from __future__ import annotations
 
-from eaglelab.host import slurmside
 from eaglelab.config import HostConfig, slurm_options
 from eaglelab.errors import HostError
+from eaglelab.host import slurmside
+
 from .base import Executor, HostUnreachable
 
 

@@ -25,8 +25,10 @@ from pathlib import Path
 
 from eaglelab.config import REPO_ROOT, HostConfig
 from eaglelab.errors import HostError
+
 from ..mirror import LogMirror
 from .base import Executor, HostUnreachable
+
 
 def private_dir(d: Path) -> Path:
     """d, made if missing, and only if it is a real directory of ours that nobody else can enter.

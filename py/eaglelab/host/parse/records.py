@@ -139,5 +139,5 @@ class LogClock:
             if len(self._days) > 4096:
                 self._days.clear()
             d = _dt.date.fromisoformat(date)
-            got = self._days[date] = _dt.datetime(d.year, d.month, d.day, tzinfo=_dt.timezone.utc).timestamp()
+            got = self._days[date] = _dt.datetime(d.year, d.month, d.day, tzinfo=_dt.UTC).timestamp()
         return got

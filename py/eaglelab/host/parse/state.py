@@ -7,12 +7,12 @@ the JSON and README "Watching logs" for the rules in words.
 
 from __future__ import annotations
 
-
-from typing import Callable
+from collections.abc import Callable
 
 from eaglelab.figures import seconds
 from eaglelab.fsutil import utcnow_iso
 from eaglelab.model import decide_end
+
 from . import markers, prefilter, speculators, training, vllm
 from .ansi import strip_ansi
 from .bars import BarBook, BarTrack, line_timestamp
@@ -114,7 +114,7 @@ class LogState:
             p = parse_bar(split.message, split.prefix)
             if p is not None:
                 self._on_bar(p, lineno, now, text)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - as feed_line
             self.bad_lines += 1
 
     def _feed(self, text: str, lineno: int, now: float | None) -> None:
@@ -389,7 +389,7 @@ class LogState:
         return _progress_json(cur, self.bar_eta)
 
 
-def _training_json(steps: "training.TrainingSteps", bar_eta: BarEta) -> dict:
+def _training_json(steps: training.TrainingSteps, bar_eta: BarEta) -> dict:
     out = steps.summary()
     out["step"] = _int(out["step"])
     if steps.finished:  # the trainer said it is over (or the steps reached the total)
@@ -403,7 +403,7 @@ def _training_json(steps: "training.TrainingSteps", bar_eta: BarEta) -> dict:
     return out
 
 
-def _steps_progress(steps: "training.TrainingSteps", bar_eta: BarEta) -> dict:
+def _steps_progress(steps: training.TrainingSteps, bar_eta: BarEta) -> dict:
     """Training's steps in the shape of a bar's progress (what the page and `lab status` show)."""
     t = _training_json(steps, bar_eta)
     total, n = steps.total, steps.step

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from eaglelab.errors import EaglelabError
 from eaglelab.fsutil import read_json
+
 from .run import IDLE_WRITE_S, POLL_S, RunFollower, run_state, write_state
 from .watch import DirWatch
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from ..parse.state import LogState
 from .frames import SAMPLE_BYTES, FrameSplitter
 
+
 def bar_eta(observations: list, total: float | None, label: str, remaining_s: float | None) -> tuple:
     """The estimator (eaglelab.eta.bar_eta), imported on first use: it pulls numpy, which a log with
     no progress bar never needs."""
