@@ -53,14 +53,15 @@ def replays(tmp_path_factory):
         facts["b_epochs"] = sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.is_dir() else []
         set_vars(lab, lr="3e-3", epochs="4")
         (proc, log), seen = lab.popen("pipeline"), None
-        while proc.poll() is None:  # what `lab status --json` says while the good drafter trains
-            st = lab.status_json()
+        while seen is None and proc.poll() is None:  # what `lab status --json` says while the good drafter trains
+            st = lab.status_json()  # ~1 s of CPU each: asked only until the forecast is seen
             fc = st["pipeline"]["forecast"] or {}
             train = (runs_of(st, "train") or [{}])[-1]
             if seen is None and train.get("state") == "running" and fc.get("source") == "checkpoint" \
                     and fc.get("train_run") == train.get("id"):
                 seen = fc
             time.sleep(2)
+        proc.wait(timeout=1800)
         facts["c"], facts["c_seen"] = (proc.returncode, log.read_text(errors="replace")), seen
         facts["c_json"] = lab.status_json()
         yield lab, facts
