@@ -86,6 +86,17 @@ def make_verifier(d: Path, s: dict) -> None:
                "lm_head.weight": (torch.randn(v, h, generator=g, device=DEVICE) * 0.02).bfloat16().cpu(),
                "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)}
     save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    del weights
+    free_gpu()
+
+
+def free_gpu() -> None:
+    """This process's cached blocks back to the driver: the train process's device memory is read from
+    cudaMemGetInfo, which counts every process on the GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def make_inputs(root: Path, verifier: Path, s: dict, length: int, rows: int, seed: int) -> dict[str, Path]:
@@ -122,9 +133,12 @@ def make_inputs(root: Path, verifier: Path, s: dict, length: int, rows: int, see
     aux = [int(x) for x in s["aux"].split()]
     d["hidden_states"].mkdir(parents=True)
     g = torch.Generator(device=DEVICE).manual_seed(seed)
+    pool = torch.randn(max(lens) + rows, len(aux) + 1, s["hidden"], generator=g, device=DEVICE,
+                       dtype=torch.bfloat16).cpu()  # one random block, each row a window of it: writes, not randn
+    free_gpu()
     for i, (n, row) in enumerate(zip(lens, ids)):
-        hidden = torch.randn(n, len(aux) + 1, s["hidden"], generator=g, device=DEVICE, dtype=torch.bfloat16).cpu()
-        write_hs_file(hs_path(d["hidden_states"], i), hidden, row)
+        write_hs_file(hs_path(d["hidden_states"], i), pool[i:i + n], row)
+    del pool
     params = {"data": prep["fingerprint"], "aux_layers": aux, "layer_ids": aux + [s["layers"]], "max_samples": None,
               "world_size": 1}
     manifest.write(d["hidden_states"], "extract", [hs_path(d["hidden_states"], i) for i in range(rows)],
@@ -237,7 +251,7 @@ def main() -> int:
         for kind in a.runs:
             out = a.work / f"{a.shape}_{length}" / f"checkpoints_{kind}"
             shutil.rmtree(out, ignore_errors=True)
-            rec_path = a.work / f"{a.shape}_{length}" / f"probe_{kind}.json"
+            rec_path = a.out / f"probe_{a.shape}_{kind}_{length}.json"  # kept if the call is cut short
             log = a.out / f"train_{a.shape}_{kind}_{length}.log"
             t2 = time.perf_counter()
             rc = run([sys.executable, str(REPO / "bench" / "train_probe.py"), str(rec_path), "--",
