@@ -186,7 +186,7 @@ def summarize(rec: dict) -> dict:
     for p in rec["phases"]:
         if "peak_allocated" not in p:
             continue
-        key = p["phase"] if p["phase"] != "steps" else ("steps_first_epoch" if p["epoch"] == 0 else "steps")
+        key = p["phase"] if p["phase"] != "steps" else ("steps_first_epoch" if p["epoch"] in (0, None) else "steps")
         b = by.setdefault(key, {"peak_allocated": 0.0, "peak_reserved": 0.0, "device_used": 0.0, "seconds": []})
         b["peak_allocated"] = max(b["peak_allocated"], p["peak_allocated"])
         b["peak_reserved"] = max(b["peak_reserved"], p["peak_reserved"])
