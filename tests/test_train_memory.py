@@ -17,7 +17,7 @@ import torch
 
 from eaglelab.stages import acceptance, train_memory
 
-HIDDEN, VOCAB, DRAFT_VOCAB, SEQ, K = 32, 96, 48, 16, 2
+HIDDEN, VOCAB, DRAFT_VOCAB, SEQ, K = 32, 96, 48, 16, 1
 
 
 def tiny_drafter(seed: int = 0):
