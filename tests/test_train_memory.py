@@ -151,3 +151,11 @@ def test_the_recompile_limit_holds_training_and_validation_and_fails_loudly():
     with torch._dynamo.config.patch(recompile_limit=8, fail_on_recompile_limit_hit=False):
         assert train_memory.set_compile_limits(4) == 10
         assert torch._dynamo.config.recompile_limit == 10 and torch._dynamo.config.fail_on_recompile_limit_hit
+
+
+def test_the_verifiers_next_tokens_a_chunk_at_a_time_are_the_whole_argmax():
+    g = torch.Generator().manual_seed(5)
+    norm, w = torch.nn.Identity(), torch.randn(VOCAB, HIDDEN, generator=g)
+    for h in (torch.randn(17, HIDDEN, generator=g), torch.randn(1, 17, HIDDEN, generator=g)):
+        whole = (h @ w.T).argmax(dim=-1)
+        assert torch.equal(acceptance.verifier_next_tokens(h, norm, w, chunk=5), whole)

@@ -77,8 +77,7 @@ def eager():
     counts them)."""
     import torch
 
-    stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
-    return stance("force_eager") if stance is not None else torch._dynamo.disable(recursive=True)
+    return torch.compiler.set_stance("force_eager")  # torch >= 2.6 (the pins: 2.13; the GPU image: 2.11)
 
 
 def prefix_correct_counts(draft_target_ids: list, verifier_next, loss_mask) -> tuple[list[float], int]:

@@ -1,7 +1,7 @@
 """GPU memory and torch.compile settings of the train stage, chosen on purpose (issue 29).
 
-Measured at Kimi-K2.5's size on one H200 (bench/gpu_train_real.py, bench/RESULTS.md "The drafter at
-its real size"):
+At Kimi-K2.5's size on one H200 (bench/gpu_train_real.sh, bench/RESULTS.md "The drafter at its real
+size"; the stage prints the bytes the first saves, 3.04 GiB there):
 
 - Frozen weights in training's dtype. speculators builds the drafter in float32, so the verifier's
   embeddings (163,840 x 7168) and the two draft-vocabulary heads (lm_head and verifier_lm_head,
@@ -64,5 +64,6 @@ def set_compile_limits(ttt_steps: int) -> int:
     import torch._dynamo.config as dynamo
 
     dynamo.recompile_limit = recompile_limit(ttt_steps, dynamo.recompile_limit)
-    dynamo.fail_on_recompile_limit_hit = True
+    if hasattr(dynamo, "fail_on_recompile_limit_hit"):  # torch 2.11 and 2.13 have it
+        dynamo.fail_on_recompile_limit_hit = True
     return dynamo.recompile_limit
