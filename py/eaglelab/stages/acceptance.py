@@ -22,7 +22,6 @@ validation split (the last 1 - train_data_ratio of the prepared rows), which tra
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import time
