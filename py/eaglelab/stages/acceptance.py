@@ -271,6 +271,7 @@ def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_st
     The checkpoint is read back from disk, as serving will read it. A failed estimate is reported
     and training goes on: the estimate is advice, the checkpoint is the product."""
     import os
+
     import speculators.train.trainer as trainer
 
     original = trainer.Trainer.maybe_save_checkpoint
