@@ -22,6 +22,7 @@ validation split (the last 1 - train_data_ratio of the prepared rows), which tra
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from pathlib import Path
@@ -48,13 +49,34 @@ def held_out_indices(num_rows: int, train_data_ratio: float) -> range:
     return range(split, num_rows)
 
 
-def verifier_next_tokens(last_hidden, norm, lm_head_weight):
-    """The verifier's greedy next token at every position: argmax(lm_head(norm(h))) over the full vocab."""
+LOGIT_CHUNK = 2048  # positions per lm_head product: [2048, 163,840] bf16 logits are 0.67 GB, a whole
+                   # 18,432-token sample's would be 6 GB (12 GB in float32)
+
+
+def verifier_next_tokens(last_hidden, norm, lm_head_weight, chunk: int = LOGIT_CHUNK):
+    """The verifier's greedy next token at every position: argmax(lm_head(norm(h))) over the full vocab,
+    a chunk of positions at a time (dim -2), so the logits of a long sample are never all held."""
     import torch
 
     with torch.no_grad():
-        logits = torch.nn.functional.linear(norm(last_hidden).to(lm_head_weight.dtype), lm_head_weight)
-    return logits.argmax(dim=-1)
+        h = norm(last_hidden).to(lm_head_weight.dtype)
+        parts = [torch.nn.functional.linear(c, lm_head_weight).argmax(dim=-1) for c in h.split(chunk, dim=-2)]
+    return torch.cat(parts, dim=-1)
+
+
+def eager():
+    """A context with torch.compile off: the estimate runs its drafter eagerly.
+
+    speculators compiles the drafter's forward on a GPU, and dynamo keeps at most `recompile_limit`
+    (8) variants of each frame; the draft decoder layer (a graph break inside) gets one per TTT step
+    and mode: training's 3, validation's 3 (no grad). An estimate compiled in its own dtype, attention
+    and mode added 3 more, so validation's last TTT step found the frame over its limit and ran flex
+    attention uncompiled, which materialises the whole score matrix: 243 GiB at 18,432 tokens, an OOM
+    at the end of the first epoch. Eager, the estimate adds no variant (tests/test_train_memory.py
+    counts them)."""
+    import torch
+
+    return torch.compiler.set_stance("force_eager")  # torch >= 2.6 (the pins: 2.13; the GPU image: 2.11)
 
 
 def prefix_correct_counts(draft_target_ids: list, verifier_next, loss_mask) -> tuple[list[float], int]:
@@ -115,13 +137,19 @@ def held_out_samples(data: Path, hidden_states: Path, train_data_ratio: float, m
         yield ds.start_file_idx + i, shift_batch(ds[i])
 
 
-def verifier_lm_head(verifier: Path, device):
-    """The verifier's full output projection (its embeddings when they are tied), float32."""
+def verifier_lm_head(verifier: Path, device, dtype=None):
+    """The verifier's full output projection (its embeddings when they are tied), in `dtype`
+    (default float32; training's bf16 on a GPU: the checkpoint's own dtype, half the memory)."""
     import torch
     from speculators.utils.loading import load_model_layers
 
-    weights = load_model_layers(["embed_tokens.weight", "lm_head.weight"], str(verifier))
-    return weights.get("lm_head.weight", weights["embed_tokens.weight"]).to(device, torch.float32)
+    try:  # only the one matrix read: Kimi-K2.5's embeddings are 2.3 GB more
+        w = load_model_layers(["lm_head.weight"], str(verifier)).get("lm_head.weight")
+    except ValueError:  # none of the names found
+        w = None
+    if w is None:  # tied: the embeddings are the output projection
+        w = load_model_layers(["embed_tokens.weight"], str(verifier))["embed_tokens.weight"]
+    return w.to(device, dtype or torch.float32)
 
 
 def estimate(drafter, lm_head, samples, k: int) -> dict:
@@ -182,8 +210,10 @@ def read(out_dir: Path) -> list[dict]:
     return docs
 
 
-def load_checkpoint(checkpoint: Path, device: str = "cpu"):
-    """A saved drafter, its verifier-owned weights (embeddings, norm) loaded as serving would."""
+def load_checkpoint(checkpoint: Path, device: str = "cpu", dtype=None):
+    """A saved drafter, its verifier-owned weights (embeddings, norm) loaded as serving would, in
+    `dtype` (default float32; the train hook passes training's bf16 on a GPU)."""
+    import torch
     from speculators.models.eagle3 import Eagle3DraftModel
 
     cfg_path = checkpoint / "config.json"
@@ -198,7 +228,40 @@ def load_checkpoint(checkpoint: Path, device: str = "cpu"):
     cfg.transformer_layer_config._attn_implementation = "sdpa"
     drafter = Eagle3DraftModel.from_pretrained(str(checkpoint), config=cfg)
     drafter.load_verifier_weights()
-    return drafter.float().to(device)
+    return drafter.to(device, dtype or torch.float32)
+
+
+def estimate_checkpoint(ckpt: Path, verifier: Path, data: Path, hidden_states: Path, train_data_ratio: float,
+                        max_samples: int | None, k: int, device, dtype=None) -> dict:
+    """Load `ckpt` and the verifier's lm_head, estimate, and drop both: nothing of the estimate stays
+    resident for the rest of training (the lm_head alone is 2.3 GB in bf16 at Kimi-K2.5's vocab)."""
+    with eager():
+        lm_head = verifier_lm_head(verifier, device, dtype)
+        drafter = load_checkpoint(ckpt, "cpu" if device.type == "cpu" else str(device), dtype)
+        try:
+            return estimate(drafter, lm_head, held_out_samples(data, hidden_states, train_data_ratio, max_samples), k)
+        finally:
+            del drafter, lm_head
+
+
+def gpu_memory(device) -> tuple[float, float] | None:
+    """(allocated, reserved) GiB on `device`, None off CUDA."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cuda":
+        return None
+    return (round(torch.cuda.memory_allocated(device) / 2**30, 3), round(torch.cuda.memory_reserved(device) / 2**30, 3))
+
+
+def release(device) -> tuple[float, float] | None:
+    """Return the estimate's blocks to the driver: its block sizes differ from training's, and cached
+    they kept reserved memory far above allocated for the rest of training. (allocated, reserved) after."""
+    import torch
+
+    gc.collect()
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.cuda.empty_cache()
+    return gpu_memory(device) or (None, None)
 
 
 def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_states: Path, k: int,
@@ -212,7 +275,7 @@ def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_st
     import speculators.train.trainer as trainer
 
     original = trainer.Trainer.maybe_save_checkpoint
-    state: dict = {"lm_head": None, "seen": {}}
+    state: dict = {"seen": {}}
 
     def save_then_estimate(self, epoch, local_step: int = 0):
         original(self, epoch, local_step=local_step)
@@ -224,17 +287,22 @@ def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_st
             return  # nothing new was saved (save_best, or a freq that skips this epoch)
         state["seen"][epoch] = weights.stat().st_mtime_ns
         t0 = time.monotonic()
+        device = next(self.model.parameters()).device
+        # On a GPU in training's dtype (the checkpoint is saved in it): float32 copies of the drafter and
+        # of the verifier's full lm_head cost ~14 GB at Kimi-K2.5's size. On CPU float32, as before.
+        dtype = None if device.type == "cpu" else getattr(self.config, "hidden_states_dtype", None)
+        before = gpu_memory(device)
         try:
-            device = next(self.model.parameters()).device
-            if state["lm_head"] is None:
-                state["lm_head"] = verifier_lm_head(verifier, device)
-            drafter = load_checkpoint(ckpt, "cpu" if device.type == "cpu" else str(device))
-            samples = held_out_samples(data, hidden_states, train_data_ratio, max_samples)
-            doc = estimate(drafter, state["lm_head"], samples, k)
-            del drafter
+            doc = estimate_checkpoint(ckpt, verifier, data, hidden_states, train_data_ratio, max_samples, k,
+                                      device, dtype)
         except Exception as e:  # noqa: BLE001 - advice only: training goes on
             echo(f"acceptance: estimate of {ckpt} failed ({type(e).__name__}: {e}); training goes on")
             return
+        finally:
+            after = release(device)
+        if before is not None:
+            doc["gpu_memory_gib"] = {"allocated_before": before[0], "allocated_after": after[0],
+                                     "reserved_before": before[1], "reserved_after": after[1]}
         doc = record(out_dir, {"checkpoint": str(ckpt), "epoch": epoch, "local_step": local_step,
                                "global_step": int(getattr(self, "global_step", 0)),
                                "seconds": round(time.monotonic() - t0, 3), **doc})

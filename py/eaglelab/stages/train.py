@@ -326,6 +326,11 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
     if device == "cpu":
         cpu_patches()
         torch.use_deterministic_algorithms(True, warn_only=True)  # cheap here; the demo's numbers repeat
+    else:  # GPU memory spent on purpose, and no uncompiled flex attention (train_memory.py says why)
+        from . import train_memory
+
+        train_memory.install_frozen_cast(echo=click.echo if lead else None)
+        train_memory.set_compile_limits(ttt_steps)
     announce_plan()
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
