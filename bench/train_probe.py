@@ -25,8 +25,8 @@ GIB = 2**30
 def main() -> int:
     record_path = Path(sys.argv[1])
     args = sys.argv[sys.argv.index("--") + 1:]
-    import torch
     import speculators.train.trainer as trainer
+    import torch
 
     from eaglelab.stages import acceptance, train
 
