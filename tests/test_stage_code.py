@@ -93,7 +93,8 @@ def test_the_real_closures_hold_the_stages_they_call_and_no_other():
     # train calls acceptance; what it shares with extract lives in stages/common (stages import no
     # other stage for a name: a change in extract or serve is no reason to retrain)
     assert [m for m in train if m.startswith("eaglelab.stages.")] == [
-        "eaglelab.stages.acceptance", "eaglelab.stages.common", "eaglelab.stages.train", "eaglelab.stages.warm_start"]
+        "eaglelab.stages.acceptance", "eaglelab.stages.common", "eaglelab.stages.train",
+        "eaglelab.stages.train_memory", "eaglelab.stages.warm_start"]
     # serve runs serve_smoke, which runs eval's metrics; it names vLLM's CPU connector as a string
     assert {"eaglelab.stages.serve_smoke", "eaglelab.stages.eval", "eaglelab.vllm_cpu_connector"} <= set(
         stage_code.closure("eaglelab.stages.serve"))
