@@ -76,7 +76,10 @@ demo-spread: setup  ## the demo pipeline over three ssh hosts made here (namespa
 # The suite on 3 xdist workers, each file (or group of files sharing a session fixture) whole on one
 # worker, the longest first (tests/suite_plan.py); the 30 slowest tests and the time by file at the end.
 PYTEST_WORKERS ?= 3
-PYTEST := $(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30
+# One OpenMP thread per process, placed by the kernel: three workers on two cores, each starting torch
+# and vLLM processes, lost most of their CPU to threads spinning for cores the others held, and every
+# vLLM server pinned itself to core 0 (conf/profiles/demo.yaml says the same for the demo's stages).
+PYTEST := OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind $(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30
 TEST_PARTS := parse stages pipeline ssh web ops core
 
 .PHONY: lint

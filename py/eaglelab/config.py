@@ -325,6 +325,7 @@ class GateConfig(_Strict):
 
 class PipelineConfig(_Strict):
     vars: dict[str, Any] = {}
+    env: dict[str, str] = {}  # the environment every stage starts with; a stage's own `env:` wins
     stages: dict[str, StageConfig] = Field(min_length=1)
     gates: dict[str, GateConfig] = {}  # stage -> the gate it must pass (before it starts and while it runs)
 
@@ -596,7 +597,7 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(current, "model_fields", {}))
 
 
-PROFILE_KEYS = {"hosts", "vars", "stages", "notify", "web", "description", "gates"}
+PROFILE_KEYS = {"hosts", "vars", "env", "stages", "notify", "web", "description", "gates"}
 
 
 def check_name(kind: str, name: object, where: str) -> None:
@@ -643,7 +644,7 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             raise ConfigError(f"{prof_file}: unknown key(s) {', '.join(sorted(unknown))}; "
                               f"a profile may set: {', '.join(sorted(PROFILE_KEYS))}")
     prof_lab = {k: prof_raw[k] for k in ("hosts", "notify", "web") if k in prof_raw}
-    prof_pipe = {k: prof_raw[k] for k in ("vars", "stages", "gates") if k in prof_raw}
+    prof_pipe = {k: prof_raw[k] for k in ("vars", "env", "stages", "gates") if k in prof_raw}
     lab = _validate(LabConfig, _deep_merge(lab_raw, prof_lab), [lab_file, prof_file], [lab_raw, prof_lab])
     pipe = _validate(PipelineConfig, _deep_merge(pipe_raw, prof_pipe), [pipe_file, prof_file],
                      [pipe_raw, prof_pipe])
@@ -669,6 +670,7 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
         pipe.stages[name].host = host
     for name, s in pipe.stages.items():
         s.name = name
+        s.env = {**pipe.env, **s.env}
 
         def where(key: str, stage: str = name) -> str:
             return f"{pipe_at('stages', stage, key)}: stages.{stage}.{key}"

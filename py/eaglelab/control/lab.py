@@ -30,6 +30,10 @@ from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, check
 from . import preflight, stage_code
 from .executors import Executor, HostUnreachable, for_host
 
+# The longest a wait asks a host to watch a run before the controller looks again (gates, side jobs,
+# the other hosts): an end is still seen within hostside.AWAIT_STEP_S of it.
+AWAIT_S = 5.0
+
 
 class Lab:
     def __init__(self, cfg: Config, registry: Registry | None = None):
@@ -281,20 +285,21 @@ class Lab:
             return latest
         return self.run(name, wait=True, out=out)
 
-    def is_ready(self, svc: StageConfig, rec: dict) -> bool:
+    def is_ready(self, svc: StageConfig, rec: dict, wait_s: float = 0.0) -> bool:
         """Asked on the service's host, one round trip (never from here: a port of the same number on
-        the controller says nothing about the service, and its log stays where it is)."""
+        the controller says nothing about the service, and its log stays where it is); the host asks
+        again itself for up to wait_s."""
         ready = svc.ready
         if ready is None:
             return True
         url = self.cfg.render(svc, ready.url, self.cfg.vars_for(svc)) if ready.url else None
-        return self.executor(svc.host).ready(rec["id"], url, ready.log_regex)
+        return self.executor(svc.host).ready(rec["id"], url, ready.log_regex, wait_s)
 
     def wait_ready(self, svc: StageConfig, rec: dict, out: TextIO) -> None:
         deadline = time.time() + (svc.ready.timeout_s if svc.ready else 0)
         print(f"lab: waiting for service {svc.name} ({rec['id']}) to be ready", file=out)
         while True:
-            if self.is_ready(svc, rec):
+            if self.is_ready(svc, rec, wait_s=min(AWAIT_S, max(0.0, deadline - time.time()))):
                 print(f"lab: service {svc.name} is ready", file=out)
                 return
             self.refresh([svc.host], stage=svc.name)
@@ -305,7 +310,6 @@ class Lab:
             if time.time() > deadline:
                 raise StageError(f"service {svc.name!r} not ready after {svc.ready.timeout_s:.0f} s; "
                                  f"see `lab logs {cur['id']}` (ready.timeout_s raises the limit)")
-            time.sleep(0.5)
 
     def _free_gpus_for(self, stage: StageConfig, out: TextIO) -> None:
         """Stop running services on the stage's host whose GPUs it needs (the seeds stopped the
@@ -351,7 +355,17 @@ class Lab:
             gate_watch(cur, out)
             if self.side_runs is not None:  # the pilot / the next stage's smoke, started beside this run
                 self.side_runs.poll(cur)
+            # Then wait on the host for the run to end (or, when following, for new log lines), up to
+            # AWAIT_S: over ssh every question starts a Python there, and a day-long stage needs no
+            # question twice a second. A side job still to start beside it is triggered by a count of
+            # units, seen only by asking: then ask every poll_s. Gates are looked at after each wait.
             time.sleep(poll_s)
+            if self.side_runs is not None and self.side_runs.awaited_beside(rec["stage"]):
+                continue
+            try:
+                ex.await_change(rec["id"], AWAIT_S - poll_s, offset if out is not None else None)
+            except HostUnreachable:
+                pass  # the next refresh says what is known of the host
 
     @staticmethod
     def _pump_log(ex: Executor, run_id: str, offset: int, out: TextIO) -> int:

@@ -383,9 +383,51 @@ def read_log(work_dir: str, run_id: str, offset: int = 0, limit: int = 1 << 20) 
         return b""
 
 
-def ready(work_dir: str, run_id: str, url: str | None, log_regex: str | None) -> dict:
+AWAIT_STEP_S = 0.2   # how often a waiting controller's question is looked at again, here on the host
+AWAIT_MAX_S = 30.0   # the longest one question waits: the controller has gates and side jobs to mind
+
+
+def await_change(work_dir: str, run_id: str, timeout_s: float, log_offset: int | None = None) -> dict:
+    """Return once the run has ended (its exit.json, or its jobwrap gone), once its log is longer
+    than log_offset (when given), or after timeout_s: a controller waits here, where looking costs a
+    stat, instead of asking again twice a second (over ssh each question starts a Python here)."""
+    run_dir = _run_dir(work_dir, run_id)
+    deadline = time.monotonic() + max(0.0, min(float(timeout_s), AWAIT_MAX_S))
+    meta = read_json(run_dir / "meta.json") or {}
+    while True:
+        if (run_dir / "exit.json").exists():
+            return {"changed": "ended"}
+        if meta.get("jobwrap_pid") and not _alive(meta["jobwrap_pid"], run_dir):
+            return {"changed": "wrapper_gone"}
+        if log_offset is not None:
+            try:
+                if (run_dir / "output.log").stat().st_size > log_offset:
+                    return {"changed": "log"}
+            except OSError:
+                pass
+        if not run_dir.is_dir():
+            return {"changed": "gone"}
+        if time.monotonic() >= deadline:
+            return {"changed": None}
+        time.sleep(AWAIT_STEP_S)
+        if not meta:  # a run that had not written its meta yet (just launched)
+            meta = read_json(run_dir / "meta.json") or {}
+
+
+def ready(work_dir: str, run_id: str, url: str | None, log_regex: str | None, wait_s: float = 0.0) -> dict:
     """Is the service ready, asked where it runs: its URL fetched from this host (a port of the
-    same number on the controller says nothing about it), its log searched here (no log shipped)."""
+    same number on the controller says nothing about it), its log searched here (no log shipped).
+    wait_s: ask again here, every AWAIT_STEP_S, until it is ready, its run ends, or wait_s passed."""
+    deadline = time.monotonic() + max(0.0, min(float(wait_s), AWAIT_MAX_S))
+    while True:
+        answer = _ready_now(work_dir, run_id, url, log_regex)
+        if answer["ready"] or time.monotonic() >= deadline \
+                or (_run_dir(work_dir, run_id) / "exit.json").exists():
+            return answer
+        time.sleep(AWAIT_STEP_S)
+
+
+def _ready_now(work_dir: str, run_id: str, url: str | None, log_regex: str | None) -> dict:
     if url:
         import urllib.request
         try:
@@ -408,7 +450,8 @@ VERBS = {
     "inside_roots": lambda a: machine.inside_roots(a["paths"], a["roots"], a.get("cwd", ".")),
     "launch": lambda a: launch(a["work_dir"], a["spec"]),
     "report": lambda a: report(a["work_dir"], a.get("stage")),
-    "ready": lambda a: ready(a["work_dir"], a["run_id"], a.get("url"), a.get("log_regex")),
+    "ready": lambda a: ready(a["work_dir"], a["run_id"], a.get("url"), a.get("log_regex"), a.get("wait_s", 0.0)),
+    "await_change": lambda a: await_change(a["work_dir"], a["run_id"], a.get("timeout_s", 5.0), a.get("log_offset")),
     "stop": lambda a: stop(a["work_dir"], a["run_id"], a.get("grace_s", 30.0)),
     "read_log": lambda a: {"data": base64.b64encode(read_log(a["work_dir"], a["run_id"], a.get("offset", 0),
                                                              a.get("limit", 1 << 20))).decode()},

@@ -54,8 +54,11 @@ class LocalExecutor(Executor):
             raise HostError(f"host {self.host.name!r}: cannot stop {run_id}: {e}; nothing was signalled "
                             f"(`lab status` shows what the host reports of it)") from None
 
-    def ready(self, run_id: str, url: str | None, log_regex: str | None) -> bool:
-        return hostside.ready(self.work_dir, run_id, url, log_regex)["ready"]
+    def ready(self, run_id: str, url: str | None, log_regex: str | None, wait_s: float = 0.0) -> bool:
+        return hostside.ready(self.work_dir, run_id, url, log_regex, wait_s)["ready"]
+
+    def await_change(self, run_id: str, timeout_s: float, log_offset: int | None = None) -> str | None:
+        return hostside.await_change(self.work_dir, run_id, timeout_s, log_offset)["changed"]
 
     def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         return hostside.read_log(self.work_dir, run_id, offset, limit)
