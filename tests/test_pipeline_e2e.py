@@ -28,7 +28,9 @@ pytestmark = pytest.mark.timeout(2400)
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    lab = Lab(tmp_path_factory.mktemp("e2e"), samples=SAMPLES)
+    # without the pilot: the last `lab pipeline` would start it beside the finished synth (70 CPU-s of
+    # nothing this file checks); test_pilot.py and test_demo_spread.py run it
+    lab = Lab(tmp_path_factory.mktemp("e2e"), samples=SAMPLES, drop_stages=("pilot",))
     facts: dict = {}
     try:
         lab.lab("run", "model", "synth")
