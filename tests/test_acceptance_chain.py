@@ -116,4 +116,4 @@ def test_the_log_line_carries_both_forecasts_to_the_train_page():
     assert m["acceptance/chain_mean_length"][-1][1] == pytest.approx(1.75, abs=1e-4)
     assert m["acceptance/sampled_rate"][-1][1] == pytest.approx(0.4, abs=1e-4)
     assert m["acceptance/sampled_mean_length"][-1][1] == pytest.approx(1.8, abs=1e-4)
-    assert "T=1, top-p 0.95: 40.0% / 1.80" in acceptance.describe(doc)
+    assert "T=1, top-p 0.95: 40.00% / 1.80" in acceptance.describe(doc)

@@ -349,7 +349,7 @@ def describe(doc: dict) -> str:
                    f"{doc['chain']['mean_acceptance_length']:.2f}")
     sd = doc.get("sampled")
     if isinstance(sd, dict):
-        out.append(f"sampled at T={sd['temperature']:g}, top-p {sd['top_p']:g}: {sd['acceptance_rate']:.1%} / "
+        out.append(f"sampled at T={sd['temperature']:g}, top-p {sd['top_p']:g}: {sd['acceptance_rate']:.2%} / "
                    f"{sd['mean_acceptance_length']:.2f}")
     return "; ".join(out)
 
