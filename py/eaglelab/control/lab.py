@@ -27,7 +27,7 @@ from eaglelab.errors import EaglelabError, HostError, StageError
 from eaglelab.fsutil import parse_iso
 from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, check, exit_text
 
-from . import preflight, stage_code
+from . import preflight, services, stage_code
 from .executors import Executor, HostUnreachable, for_host
 
 
@@ -89,12 +89,12 @@ class Lab:
         spec = spec or self.launch_spec(stage)
         digest = self.executor(stage.host).inputs_digest(spec["inputs"], spec["cwd"]) if spec["inputs"] else {}
         payload = {k: spec[k] for k in ("stage", "host", "kind", "command", "env", "inputs", "outputs")}
-        services = {}
+        needed = {}
         for name in stage.needs:  # their command, env and code; their inputs are the stage's business
             svc = self.launch_spec(self.cfg.stage(name))
-            services[name] = {"spec": {k: svc[k] for k in ("host", "command", "env")}, "code": code_of(svc)}
+            needed[name] = {"spec": {k: svc[k] for k in ("host", "command", "env")}, "code": code_of(svc)}
         blob = json.dumps({"spec": payload, "inputs": digest, "code": code_of(spec),
-                           **({"services": services} if services else {})}, sort_keys=True)
+                           **({"services": needed} if needed else {})}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     # -- the hosts' truth into the registry ---------------------------------------------------
@@ -240,7 +240,6 @@ class Lab:
             return rec
         final = self.wait(rec, out=out if follow else None)
         if reap and stage.needs:  # its services may be idle now: stopped after their keep-alive
-            from . import services
             services.schedule_reap(self)
         return final
 
@@ -392,7 +391,8 @@ class Lab:
     def pipeline(self, force: bool = False, keep_services: bool = False, follow: bool = True,
                  out: TextIO = sys.stdout) -> PipelineResult:
         """Every job in dependency order, each only if needed, stopping at the first that does not
-        complete; services are stopped however it ends (Ctrl-C included) unless keep_services.
+        complete; services are stopped however it ends (Ctrl-C included) unless keep_services, each
+        only when no live run needs it (a job a Ctrl-C left running keeps its service: stop_services).
         `lab pipeline` and a cron firing both call this."""
         from . import gates
         from .side_runs import SideRuns
@@ -431,17 +431,37 @@ class Lab:
                 side.finish()  # a pilot still running: its forecast belongs to this pipeline
         finally:
             self.side_runs = None
-            if not keep_services:
-                self.stop_services(out=out)
+            if not keep_services:  # however it ends (Ctrl-C included), but never under a live job
+                kept = self.stop_services(out=out)
+                if kept:  # stopped once idle past their keep-alive, with nobody watching
+                    services.reap_later(self, 1)
         return result
 
-    def stop_services(self, out: TextIO, keep: Callable[[str], bool] = lambda n: False, why: str = "") -> None:
-        for name, s in self.cfg.stages.items():
-            if s.kind == "service" and not keep(name):
-                latest = self.latest(name)
-                if latest and latest["state"] in ACTIVE:
-                    print(f"lab: stopping service {name} ({latest['id']}){': ' + why if why else ''}", file=out)
-                    self.stop(latest["id"])
+    def stop_services(self, out: TextIO, keep: Callable[[str], bool] = lambda n: False, why: str = "") -> list[str]:
+        """Stop the running services not kept, except those in use: a service is stopped only when
+        no live run needs it, whichever controller started that run (this pipeline's own job left
+        running by a Ctrl-C, another pipeline's, a cron firing's), as the hosts report it now.
+        Returns the services left running because they are in use."""
+        names = [n for n, s in self.cfg.stages.items() if s.kind == "service" and not keep(n)
+                 and (self.latest(n) or {}).get("state") in ACTIVE]
+        if not names:
+            return []
+        services.refresh_for(self, names)
+        kept = []
+        for name in names:
+            latest = self.latest(name)
+            if not latest or latest["state"] not in ACTIVE:
+                continue
+            users = services.in_use(self, name)
+            if users:
+                busy = ", ".join(f"{u['stage']} ({u['id']}, {u['state']})" for u in users)
+                print(f"lab: keeping service {name} ({latest['id']}): in use by {busy}; it stops once idle for "
+                      f"its keep_alive_s", file=out)
+                kept.append(name)
+                continue
+            print(f"lab: stopping service {name} ({latest['id']}){': ' + why if why else ''}", file=out)
+            self.stop(latest["id"])
+        return kept
 
 
 @dataclass
