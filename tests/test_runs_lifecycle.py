@@ -408,6 +408,59 @@ def test_an_orphan_that_ends_on_its_own_is_adopted_from_its_log(tmplab):
     assert "up to date" in p.stdout and len(tmplab.run_dirs()) == 1
 
 
+MANIFESTED = """  manifested:
+    host: local
+    command: ["${python}", "-c", "import sys, time\\nfrom pathlib import Path\\nfrom eaglelab import manifest\\nfor i in range(1, 21):\\n    time.sleep(0.2); print(f'\\\\rwork: {i * 5}%| | {i}/20 [00:01<00:01, 5.00it/s]', end='', flush=True)\\nout = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True); (out / 'data.bin').write_bytes(b'x' * 100)\\nmanifest.write(out, 'manifested', [out / 'data.bin'])\\n", "${work_dir}/out/m"]
+    outputs: ["${work_dir}/out/m"]
+"""
+
+
+def test_an_orphan_that_finishes_is_completed_by_its_outputs_manifest_and_followed_meanwhile(tmplab):
+    """jobwrap is SIGKILLed, the stage goes on and finishes by itself, printing no end marker (no
+    shipped stage prints one): its progress is followed while it is orphaned, and the manifest it
+    wrote for this run into its outputs makes it `completed` (not `killed, lost`), never run again.
+    A manifest of another run, or one whose files do not match, proves nothing."""
+    from eaglelab.host import hostside
+    tmplab.write_pipeline(PIPELINE + MANIFESTED)
+    tmplab.lab("run", "manifested", "--detach")
+    run = tmplab.runs("manifested")[0]
+    run_dir = tmplab.work / "runs" / run["id"]
+    meta = tmplab.wait_for(lambda: (m := _meta(tmplab, run["id"])).get("pid") and m, interval=0.05)
+    os.kill(meta["jobwrap_pid"], signal.SIGKILL)
+    def orphaned_at() -> int | None:  # the progress its state shows while it is orphaned
+        r = hostside.read_run(run_dir)
+        return ((r["log_state"] or {}).get("progress") or {}).get("n", 0) if r.get("orphaned") else None
+
+    first = tmplab.wait_for(lambda: (n := orphaned_at()) is not None and [n], interval=0.05)[0]
+    tmplab.wait_for(lambda: (orphaned_at() or -1) >= first + 3, timeout=10, interval=0.1)  # followed, live
+    done = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"]))["state"] != "running" and r, timeout=30)
+    assert (done["state"], done["lost"]) == ("completed", False), done
+    assert done["log_state"]["state"] == "completed" and done["log_state"]["progress"]["n"] == 20
+    exit_json = json.loads((run_dir / "exit.json").read_text())
+    assert str(tmplab.work / "out" / "m" / "manifest.json") in exit_json["outputs_done"]
+    p = tmplab.lab("run", "manifested")
+    assert "up to date" in p.stdout and len(tmplab.run_dirs()) == 1
+
+
+def test_only_a_sound_manifest_of_the_run_itself_proves_an_unrecorded_end(tmp_path):
+    from eaglelab.host import hostside
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data.bin").write_bytes(b"x" * 100)
+    meta = {"run_id": "s-20261204T000000-abcd", "cwd": str(tmp_path), "outputs": ["out"]}
+    run_dir = tmp_path / "runs" / meta["run_id"]
+    doc = {"schema": 1, "files": {"data.bin": {"size": 100}}, "run_id": meta["run_id"]}
+    (out / "manifest.json").write_text(json.dumps(doc))
+    assert hostside.outputs_done(run_dir, meta)
+    assert hostside.outputs_done(run_dir, {**meta, "outputs": ["out/data.bin"]})  # a file: the manifest beside it
+    assert not hostside.outputs_done(run_dir, {**meta, "outputs": ["out", "elsewhere"]})  # every output
+    assert not hostside.outputs_done(run_dir, {**meta, "outputs": []})
+    (out / "manifest.json").write_text(json.dumps({**doc, "run_id": "s-20261203T000000-0000"}))
+    assert not hostside.outputs_done(run_dir, meta)  # an earlier run's
+    (out / "manifest.json").write_text(json.dumps({**doc, "files": {"data.bin": {"size": 200}}}))
+    assert not hostside.outputs_done(run_dir, meta)  # a truncated file
+
+
 DEPENDENT = """\
 stages:
   first:
