@@ -410,7 +410,7 @@ def test_an_orphan_that_ends_on_its_own_is_adopted_from_its_log(tmplab):
 
 MANIFESTED = """  manifested:
     host: local
-    command: ["${python}", "-c", "import sys, time\\nfrom pathlib import Path\\nfrom eaglelab import manifest\\nfor i in range(1, 21):\\n    time.sleep(0.2); print(f'\\\\rwork: {i * 5}%| | {i}/20 [00:01<00:01, 5.00it/s]', end='', flush=True)\\nout = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True); (out / 'data.bin').write_bytes(b'x' * 100)\\nmanifest.write(out, 'manifested', [out / 'data.bin'])\\n", "${work_dir}/out/m"]
+    command: ["${python}", "-c", "import sys, time\\nfrom pathlib import Path\\nfrom eaglelab import manifest\\nout, go = Path(sys.argv[1]), Path(sys.argv[2])\\nfor i in range(1, 1001):\\n    if go.exists(): break\\n    time.sleep(0.2); print(f'\\\\rwork: {i // 10}%| | {i}/1000 [00:01<00:01, 5.00it/s]', end='', flush=True)\\nout.mkdir(parents=True, exist_ok=True); (out / 'data.bin').write_bytes(b'x' * 100)\\nmanifest.write(out, 'manifested', [out / 'data.bin'])\\n", "${work_dir}/out/m", "${work_dir}/go"]
     outputs: ["${work_dir}/out/m"]
 """
 
@@ -432,10 +432,11 @@ def test_an_orphan_that_finishes_is_completed_by_its_outputs_manifest_and_follow
         return ((r["log_state"] or {}).get("progress") or {}).get("n", 0) if r.get("orphaned") else None
 
     first = tmplab.wait_for(lambda: (n := orphaned_at()) is not None and [n], interval=0.05)[0]
-    tmplab.wait_for(lambda: (orphaned_at() or -1) >= first + 3, timeout=10, interval=0.1)  # followed, live
+    followed = tmplab.wait_for(lambda: (n := orphaned_at() or -1) >= first + 3 and n, interval=0.1)  # live
+    (tmplab.work / "go").touch()  # the stage writes its outputs and their manifest, and exits 0
     done = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"]))["state"] != "running" and r, timeout=30)
     assert (done["state"], done["lost"]) == ("completed", False), done
-    assert done["log_state"]["state"] == "completed" and done["log_state"]["progress"]["n"] == 20
+    assert done["log_state"]["state"] == "completed" and done["log_state"]["progress"]["n"] >= followed
     exit_json = json.loads((run_dir / "exit.json").read_text())
     assert str(tmplab.work / "out" / "m" / "manifest.json") in exit_json["outputs_done"]
     p = tmplab.lab("run", "manifested")
@@ -583,3 +584,38 @@ def test_a_folder_on_the_lab_path_that_others_could_write_is_refused(tmplab, pla
     assert str(bad) in p.stderr and why in p.stderr and "Move it aside" in p.stderr, p.stderr
     runs = tmplab.work / "runs"
     assert not runs.is_dir() or list(runs.iterdir()) == []  # nothing was started
+
+
+@pytest.mark.parametrize("damage", ["meta_unreadable", "directory_gone"])
+def test_a_run_whose_directory_is_gone_or_unreadable_is_ended_not_a_ghost(tmplab, damage):
+    """A live run whose meta.json became unreadable, or whose directory vanished (a host wiped, a
+    disk replaced), used to stay `running` in the registry forever: attached to, waited on by
+    `lab run`, attached to even with --force. Confirmed missing, it is ended `lost` with the reason;
+    `lab stop` says so (no traceback), `lab run` holds it for a person, `--force` starts a new run."""
+    import shutil
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "sleeper", "--detach")
+    (rd,) = tmplab.run_dirs()
+    meta = tmplab.wait_for(lambda: (m := _meta(tmplab, rd.name)).get("pgid") and m)
+    os.kill(meta["jobwrap_pid"], signal.SIGKILL)
+    os.killpg(meta["pgid"], signal.SIGKILL)
+    if damage == "meta_unreadable":
+        (rd / "meta.json").write_text("{damaged")
+    else:
+        shutil.rmtree(rd)
+    try:
+        p = tmplab.lab("stop", rd.name, check=False)  # the registry still says running
+    finally:
+        shutil.rmtree(rd, ignore_errors=True)  # the fixture's cleanup reads every meta.json
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "recorded killed" in p.stderr and "no longer reports it" in p.stderr, p.stderr
+    ghost = _state(tmplab, rd.name)
+    assert (ghost["state"], ghost["lost"]) == ("killed", True), ghost
+    assert ("meta.json" if damage == "meta_unreadable" else "is gone") in ghost["end_unknown"], ghost
+    if damage == "meta_unreadable":
+        return  # the same from here on
+    p = tmplab.lab("run", "sleeper", "--detach", check=False)
+    assert p.returncode != 0 and "--force" in p.stderr and "attaching" not in p.stdout, p.stdout + p.stderr
+    p = tmplab.lab("run", "sleeper", "--detach", "--force")
+    assert "starting sleeper" in p.stdout and "attaching" not in p.stdout, p.stdout
+    assert len(tmplab.run_dirs()) == 1 and tmplab.run_dirs()[0].name != rd.name  # a new run

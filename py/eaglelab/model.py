@@ -114,6 +114,7 @@ class HostReport(TypedDict, total=False):
     checked_at: str | None
     free_disk_bytes: int | None
     load: list[float] | None
+    runs_dir: str | None  # the folder of run directories read (a live run the report lacks is missing)
 
 
 # The run record's fields, in one place: the registry's columns and `lab status --json` use them.

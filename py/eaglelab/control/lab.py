@@ -30,6 +30,8 @@ from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, check
 from . import preflight, services, stage_code
 from .executors import Executor, HostUnreachable, for_host
 
+MISSING_CONFIRM_S = 0.5  # between the report that lacks a live run and the one that confirms it
+
 
 class Lab:
     def __init__(self, cfg: Config, registry: Registry | None = None):
@@ -117,7 +119,23 @@ class Lab:
                     report = checked_report(name, report)
                 self.registry.sync_host(name, report, err, as_of=asked_at)
                 errors[name] = err
+                if report is not None and self.registry.missing_from(name, report, stage, asked_at):
+                    self._confirm_missing(name, stage)
         return errors
+
+    def _confirm_missing(self, host: str, stage: str | None) -> None:
+        """Live runs of the registry that the host's report lacks (their directory vanished or became
+        unreadable: a wiped host, a replaced disk) are ended `lost`, with the reason, once a second
+        report, asked for after the first, confirms it; until then nothing changes. Otherwise they
+        would stay `running` forever: attached to, waited on, never run again."""
+        time.sleep(MISSING_CONFIRM_S)
+        asked_at = time.time()
+        try:
+            report = checked_report(host, self.executor(host).report(stage))
+        except HostUnreachable:
+            return  # not confirmed: they keep their state until a host answers
+        self.registry.sync_host(host, report, None, as_of=asked_at)
+        self.registry.end_missing(host, self.registry.missing_from(host, report, stage, asked_at))
 
     def latest(self, stage: str) -> dict | None:
         return self.registry.latest(stage)
@@ -384,7 +402,16 @@ class Lab:
         if grace_s is None:
             st = self.cfg.stages.get(rec["stage"])
             grace_s = st.stop_grace_s if st else 30.0
-        final = self.executor(rec["host"]).stop(rec["id"], grace_s)
+        try:
+            final = self.executor(rec["host"]).stop(rec["id"], grace_s)
+        except HostUnreachable:
+            raise
+        except HostError as e:  # its directory vanished or is damaged: a ghost, ended once confirmed
+            self.refresh([rec["host"]], stage=rec["stage"])
+            now = self.registry.get(rec["id"]) or rec
+            if now["state"] not in ACTIVE:
+                raise HostError(f"{e}; recorded {now['state']}{_end_detail(now)}: {now.get('end_unknown')}") from None
+            raise
         self.registry.upsert(final)
         return self.registry.get(rec["id"]) or final
 

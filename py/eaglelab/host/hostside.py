@@ -377,7 +377,9 @@ class Unreadable(BadRecord):
 
 def report(work_dir: str, stage: str | None = None) -> dict:
     """Every run on this host (optionally of one stage), plus the host's GPUs. A run directory that
-    cannot be read is listed in `bad_runs` with what is wrong, and the others are reported."""
+    cannot be read is listed in `bad_runs` with what is wrong, and the others are reported.
+    `runs_dir`: the folder read, so that a run the controller knows there and the report lacks is
+    known to be missing from it (its directory vanished), not merely elsewhere."""
     root = runs_dir(work_dir)
     runs, bad = [], []
     if root.is_dir():
@@ -391,7 +393,7 @@ def report(work_dir: str, stage: str | None = None) -> dict:
     if devices:
         mark_gpu_holders(devices, runs)
     return {"schema": 1, "runs": runs, "bad_runs": bad, "gpus": devices, "checked_at": utcnow_iso(),
-            "free_disk_bytes": free_disk(work_dir), "load": list(os.getloadavg())}
+            "free_disk_bytes": free_disk(work_dir), "load": list(os.getloadavg()), "runs_dir": str(root)}
 
 
 def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
