@@ -619,3 +619,24 @@ def test_a_run_whose_directory_is_gone_or_unreadable_is_ended_not_a_ghost(tmplab
     p = tmplab.lab("run", "sleeper", "--detach", "--force")
     assert "starting sleeper" in p.stdout and "attaching" not in p.stdout, p.stdout
     assert len(tmplab.run_dirs()) == 1 and tmplab.run_dirs()[0].name != rd.name  # a new run
+
+
+def test_an_interrupted_local_stop_still_kills_a_stage_that_ignores_term(tmplab):
+    """Ctrl-C of `lab stop` during its grace period (the terminal signals its whole process group):
+    the escalation runs on in a session of its own, as over ssh, so a stage that ignores TERM is
+    KILLed after the grace and its end recorded (killed, on request), never left alive."""
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "stubborn", "--detach")
+    (rd,) = tmplab.run_dirs()
+    meta = tmplab.wait_for(lambda: (m := _meta(tmplab, rd.name)).get("pgid") and b"up" in (rd / "output.log").read_bytes()
+                           and m, interval=0.05)
+    stop = subprocess.Popen([str(LAB), "stop", rd.name, "--grace", "2"], env=tmplab.env(), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmplab.wait_for(lambda: (rd / "stop_requested").exists(), timeout=30, interval=0.05)  # TERM sent (ignored)
+    os.killpg(stop.pid, signal.SIGINT)  # Ctrl-C
+    stop.wait(timeout=30)
+    assert _live_in_group(meta["pgid"])  # the grace is not over: still alive
+    tmplab.wait_for(lambda: not _live_in_group(meta["pgid"]), timeout=20, interval=0.1)
+    end = tmplab.wait_for(lambda: json.loads((rd / "exit.json").read_text()) if (rd / "exit.json").exists() else None,
+                          timeout=20)
+    assert (end["state"], end["signal"], end["stop_requested"]) == ("killed", signal.SIGKILL, True), end
