@@ -395,13 +395,14 @@ def test_an_orphan_that_ends_on_its_own_is_adopted_from_its_log(tmplab):
     its log says how it ended (eaglelab's end marker): completed, not lost, and not run again."""
     tmplab.write_pipeline(PIPELINE + """  marked:
     host: local
-    command: ["${python}", "-c", "import time; from eaglelab.host.parse.markers import done_line; time.sleep(4); print(done_line(), flush=True)"]
+    command: ["${python}", "-c", "import os, sys, time\\nfrom eaglelab.host.parse.markers import done_line\\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.1)\\nprint(done_line(), flush=True)", "${work_dir}/go"]
 """)
     tmplab.lab("run", "marked", "--detach")
     run = tmplab.runs("marked")[0]
     meta = tmplab.wait_for(lambda: (m := _meta(tmplab, run["id"])).get("pid") and m)
     os.kill(meta["jobwrap_pid"], signal.SIGKILL)
     tmplab.wait_for(lambda: _state(tmplab, run["id"]).get("orphaned"))
+    (tmplab.work / "go").touch()  # it ends now, however long the machine took to see it orphaned
     done = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"]))["state"] != "running" and r, timeout=60)
     assert (done["state"], done["lost"]) == ("completed", False), done
     p = tmplab.lab("run", "marked")
