@@ -106,7 +106,9 @@ def test_ctrl_c_of_a_pipeline_never_stops_a_service_a_live_job_needs(tmplab):
         if p.poll() is None:
             p.kill()
     assert "keeping service svc" in out and "in use by client" in out, out
-    done = wait_for(lambda: (r := tmplab.runs("client")[-1])["state"] != "running" and r, timeout=30)
-    assert done["state"] == "completed", (done, out)
-    wait_for(lambda: svc_state(tmplab) != "running", timeout=30, interval=0.5)  # idle: reaped
-    assert svc_state(tmplab) == "killed"
+    def ended(stage: str) -> dict | None:  # the run's exit.json, as its host recorded it
+        (d,) = [d for d in tmplab.run_dirs() if d.name.startswith(stage + "-")]
+        return json.loads(_read(d / "exit.json") or b"null")
+
+    assert wait_for(lambda: ended("client"), timeout=30)["state"] == "completed", out
+    assert wait_for(lambda: ended("svc"), timeout=30)["state"] == "killed"  # idle: reaped
