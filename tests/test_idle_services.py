@@ -80,6 +80,24 @@ def test_pipeline_stops_a_service_once_no_stage_left_needs_it(tmplab):
     assert stop_at < out.index("starting after"), out  # before the next stage, not at the very end
 
 
+def test_a_pipeline_never_stops_a_service_another_controllers_job_needs(tmplab):
+    """The end of a pipeline (or a stage it no longer needs) stops services only when no live run
+    needs them: here another controller (a cron firing, a second terminal) runs a job on it."""
+    import io
+
+    from eaglelab.control.lab import Lab
+    port = free_port()
+    tmplab.write_pipeline(pipeline(port, keep_alive_s=3600).replace(
+        f"\"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/')\"",
+        json.dumps("import time; time.sleep(60)")))
+    tmplab.lab("run", "client", "--detach")  # the other controller: svc started, client running on it
+    lab = Lab.load(str(tmplab.conf))
+    out = io.StringIO()
+    lab.stop_services(out=out)  # what `lab pipeline` does at its end
+    assert "keeping service svc" in out.getvalue() and "in use by client" in out.getvalue(), out.getvalue()
+    assert lab.latest("svc")["state"] == "running"
+
+
 def test_ctrl_c_of_a_pipeline_never_stops_a_service_a_live_job_needs(tmplab):
     """Ctrl-C of `lab pipeline` leaves its job running (detached, on its host): the service that job
     needs is kept, so the job completes instead of failing midway; once the job is done the service
