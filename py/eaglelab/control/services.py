@@ -20,6 +20,8 @@ import sys
 import time
 from typing import TextIO
 
+from filelock import FileLock
+
 from eaglelab.fsutil import parse_iso, utcnow_iso
 from eaglelab.model import ACTIVE
 
@@ -98,14 +100,17 @@ def reap_until_none_idle(lab, after_s: float, out: TextIO) -> None:
     while one is in use (a job left running by a Ctrl-C of `lab pipeline`), look again now and then
     (every keep_alive_s, 30 s at most), so that it is stopped once idle past its keep-alive too."""
     time.sleep(max(0.0, after_s))
-    while True:
-        lab.refresh()
-        reap(lab, out)
-        rows = usage(lab)
-        waits = [u["stops_in_s"] + 1 if not u["in_use_by"] else min(30.0, u["keep_alive_s"]) for u in rows]
-        if not waits:
-            return
-        time.sleep(max(1.0, min(waits)))
+    (lab.cfg.logs_dir / "locks").mkdir(parents=True, exist_ok=True)
+    # one reaper polls at a time (it watches every service until none runs); others wait their turn
+    with FileLock(str(lab.cfg.logs_dir / "locks" / "services-reap.lock")):
+        while True:
+            lab.refresh()
+            reap(lab, out)
+            rows = usage(lab)
+            waits = [u["stops_in_s"] + 1 if not u["in_use_by"] else min(30.0, u["keep_alive_s"]) for u in rows]
+            if not waits:
+                return
+            time.sleep(max(1.0, min(waits)))
 
 
 def schedule_reap(lab) -> None:
