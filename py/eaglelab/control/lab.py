@@ -27,12 +27,13 @@ from eaglelab.errors import EaglelabError, HostError, StageError
 from eaglelab.fsutil import parse_iso
 from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, check, exit_text
 
-from . import preflight, stage_code
+from . import preflight, services, stage_code
 from .executors import Executor, HostUnreachable, for_host
 
 # The longest a wait asks a host to watch a run before the controller looks again (gates, side jobs,
 # the other hosts): an end is still seen within hostside.AWAIT_STEP_S of it.
 AWAIT_S = 5.0
+MISSING_CONFIRM_S = 0.5  # between the report that lacks a live run and the one that confirms it
 
 
 class Lab:
@@ -93,12 +94,12 @@ class Lab:
         spec = spec or self.launch_spec(stage)
         digest = self.executor(stage.host).inputs_digest(spec["inputs"], spec["cwd"]) if spec["inputs"] else {}
         payload = {k: spec[k] for k in ("stage", "host", "kind", "command", "env", "inputs", "outputs")}
-        services = {}
+        needed = {}
         for name in stage.needs:  # their command, env and code; their inputs are the stage's business
             svc = self.launch_spec(self.cfg.stage(name))
-            services[name] = {"spec": {k: svc[k] for k in ("host", "command", "env")}, "code": code_of(svc)}
+            needed[name] = {"spec": {k: svc[k] for k in ("host", "command", "env")}, "code": code_of(svc)}
         blob = json.dumps({"spec": payload, "inputs": digest, "code": code_of(spec),
-                           **({"services": services} if services else {})}, sort_keys=True)
+                           **({"services": needed} if needed else {})}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     # -- the hosts' truth into the registry ---------------------------------------------------
@@ -121,7 +122,23 @@ class Lab:
                     report = checked_report(name, report)
                 self.registry.sync_host(name, report, err, as_of=asked_at)
                 errors[name] = err
+                if report is not None and self.registry.missing_from(name, report, stage, asked_at):
+                    self._confirm_missing(name, stage)
         return errors
+
+    def _confirm_missing(self, host: str, stage: str | None) -> None:
+        """Live runs of the registry that the host's report lacks (their directory vanished or became
+        unreadable: a wiped host, a replaced disk) are ended `lost`, with the reason, once a second
+        report, asked for after the first, confirms it; until then nothing changes. Otherwise they
+        would stay `running` forever: attached to, waited on, never run again."""
+        time.sleep(MISSING_CONFIRM_S)
+        asked_at = time.time()
+        try:
+            report = checked_report(host, self.executor(host).report(stage))
+        except HostUnreachable:
+            return  # not confirmed: they keep their state until a host answers
+        self.registry.sync_host(host, report, None, as_of=asked_at)
+        self.registry.end_missing(host, self.registry.missing_from(host, report, stage, asked_at))
 
     def latest(self, stage: str) -> dict | None:
         return self.registry.latest(stage)
@@ -244,7 +261,6 @@ class Lab:
             return rec
         final = self.wait(rec, out=out if follow else None)
         if reap and stage.needs:  # its services may be idle now: stopped after their keep-alive
-            from . import services
             services.schedule_reap(self)
         return final
 
@@ -399,14 +415,24 @@ class Lab:
         if grace_s is None:
             st = self.cfg.stages.get(rec["stage"])
             grace_s = st.stop_grace_s if st else 30.0
-        final = self.executor(rec["host"]).stop(rec["id"], grace_s)
+        try:
+            final = self.executor(rec["host"]).stop(rec["id"], grace_s)
+        except HostUnreachable:
+            raise
+        except HostError as e:  # its directory vanished or is damaged: a ghost, ended once confirmed
+            self.refresh([rec["host"]], stage=rec["stage"])
+            now = self.registry.get(rec["id"]) or rec
+            if now["state"] not in ACTIVE:
+                raise HostError(f"{e}; recorded {now['state']}{_end_detail(now)}: {now.get('end_unknown')}") from None
+            raise
         self.registry.upsert(final)
         return self.registry.get(rec["id"]) or final
 
     def pipeline(self, force: bool = False, keep_services: bool = False, follow: bool = True,
                  out: TextIO = sys.stdout) -> PipelineResult:
         """Every job in dependency order, each only if needed, stopping at the first that does not
-        complete; services are stopped however it ends (Ctrl-C included) unless keep_services.
+        complete; services are stopped however it ends (Ctrl-C included) unless keep_services, each
+        only when no live run needs it (a job a Ctrl-C left running keeps its service: stop_services).
         `lab pipeline` and a cron firing both call this."""
         from . import gates
         from .side_runs import SideRuns
@@ -445,17 +471,37 @@ class Lab:
                 side.finish()  # a pilot still running: its forecast belongs to this pipeline
         finally:
             self.side_runs = None
-            if not keep_services:
-                self.stop_services(out=out)
+            if not keep_services:  # however it ends (Ctrl-C included), but never under a live job
+                kept = self.stop_services(out=out)
+                if kept:  # stopped once idle past their keep-alive, with nobody watching
+                    services.reap_later(self, 1)
         return result
 
-    def stop_services(self, out: TextIO, keep: Callable[[str], bool] = lambda n: False, why: str = "") -> None:
-        for name, s in self.cfg.stages.items():
-            if s.kind == "service" and not keep(name):
-                latest = self.latest(name)
-                if latest and latest["state"] in ACTIVE:
-                    print(f"lab: stopping service {name} ({latest['id']}){': ' + why if why else ''}", file=out)
-                    self.stop(latest["id"])
+    def stop_services(self, out: TextIO, keep: Callable[[str], bool] = lambda n: False, why: str = "") -> list[str]:
+        """Stop the running services not kept, except those in use: a service is stopped only when
+        no live run needs it, whichever controller started that run (this pipeline's own job left
+        running by a Ctrl-C, another pipeline's, a cron firing's), as the hosts report it now.
+        Returns the services left running because they are in use."""
+        names = [n for n, s in self.cfg.stages.items() if s.kind == "service" and not keep(n)
+                 and (self.latest(n) or {}).get("state") in ACTIVE]
+        if not names:
+            return []
+        services.refresh_for(self, names)
+        kept = []
+        for name in names:
+            latest = self.latest(name)
+            if not latest or latest["state"] not in ACTIVE:
+                continue
+            users = services.in_use(self, name)
+            if users:
+                busy = ", ".join(f"{u['stage']} ({u['id']}, {u['state']})" for u in users)
+                print(f"lab: keeping service {name} ({latest['id']}): in use by {busy}; it stops once idle for "
+                      f"its keep_alive_s", file=out)
+                kept.append(name)
+                continue
+            print(f"lab: stopping service {name} ({latest['id']}){': ' + why if why else ''}", file=out)
+            self.stop(latest["id"])
+        return kept
 
 
 @dataclass

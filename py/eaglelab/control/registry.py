@@ -227,6 +227,45 @@ class Registry:
                             json.dumps({"error": error, **(json.loads(prev["report"]) if prev and prev["report"]
                                                            else {})})))
 
+    def missing_from(self, host: str, report: dict, stage: str | None, asked_at: float) -> list[tuple[dict, str]]:
+        """The live runs (pending/running) the registry has on `host` that the host's report, asked
+        for at `asked_at`, lacks although their directory is in the folder it read (`runs_dir`): the
+        directory vanished, or is listed in `bad_runs` (unreadable). [(row, why)]. Rows written after
+        the report was asked for (a launch a moment ago) are not judged by it."""
+        root = report.get("runs_dir")
+        if not root:
+            return []  # an older host: it does not say what it read
+        ids = {r.get("id") for r in report.get("runs") or []}
+        bad = {b.get("run_dir"): b.get("error") for b in report.get("bad_runs") or [] if isinstance(b, dict)}
+        sql, args = "SELECT * FROM runs WHERE host = ? AND state IN (?, ?)", [host, *sorted(ACTIVE)]
+        if stage:
+            sql, args = sql + " AND stage = ?", [*args, stage]
+        with self._connect() as db:
+            live = [_row(r) for r in db.execute(sql, args)]
+        out = []
+        for row in live:
+            if row["id"] in ids or not row.get("run_dir"):
+                continue
+            if str(Path(row["run_dir"]).parent) != root or (row.get("as_of") or 0) > asked_at:
+                continue
+            why = bad.get(row["run_dir"]) or f"its run directory {row['run_dir']} is gone"
+            out.append((row, why))
+        return out
+
+    def end_missing(self, host: str, missing: list[tuple[dict, str]]) -> None:
+        """End runs the host confirmed it no longer has (missing_from, asked twice): `killed`, `lost`,
+        the reason in `end_unknown` (so it is not run again unasked: `lab run STAGE --force`)."""
+        now = utcnow_iso()
+        rows = []
+        for row, why in missing:
+            ls = row.get("log_state")
+            rows.append({**row, "state": RunState.KILLED.value, "lost": True, "orphaned": False, "ended_at": now,
+                         "end_unknown": f"host {host} no longer reports it: {why}",
+                         "log_state": {**ls, "state": RunState.KILLED.value, "stall": None, "lost": True}
+                         if isinstance(ls, dict) else ls})
+        if rows:
+            self.upsert_many(rows)
+
     def hosts(self) -> dict[str, dict]:
         with self._connect() as db:
             out = {}

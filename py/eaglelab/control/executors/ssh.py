@@ -233,7 +233,7 @@ class SshExecutor(Executor):
 
     def launch(self, spec: dict) -> dict:
         spec = {**spec, "python": spec.get("python") or self.python, "cwd": spec.get("cwd") or self.repo_dir()}
-        spec.pop("inputs", None), spec.pop("outputs", None)
+        spec.pop("inputs", None)  # the outputs go: meta.json records them (their manifests can prove the end)
         return self.call("launch", {"work_dir": self.work_dir, "spec": spec})
 
     def report(self, stage: str | None = None) -> dict:
