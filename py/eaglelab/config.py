@@ -92,7 +92,7 @@ class HostConfig(_Strict):
     lock: str = "requirements.lock"  # the pinned environment the host's venv must match (controller path)
     base_python: str = "python3"  # on the host: the interpreter `lab sync` makes the venv with
     pip_options: list[str] = []  # extra `pip install` arguments for `lab sync` (--index-url, --find-links ...)
-    # Data placement (README "Several hosts"): path prefixes (as stage paths are written: relative to
+    # Data placement (docs/hosts.md, "Several hosts"): path prefixes (as stage paths are written: relative to
     # repo_dir, or absolute) -> the name of the filesystem behind them. Two hosts that give the same
     # name to a prefix of a path see the same files there, so nothing is moved between them.
     shared: dict[str, str] = {}
@@ -240,7 +240,7 @@ class ReadyConfig(_Strict):
 
 class PriorConfig(_Strict):
     """A stage's duration before this lab has run it: its input's size x a declared throughput
-    (README "ETAs"). Learned rates from finished runs replace it. Values may use ${vars}."""
+    (docs/eta.md). Learned rates from finished runs replace it. Values may use ${vars}."""
     unit: Literal["samples", "tokens", "bytes", "lines", "items"]  # what `per_s` counts
     per_s: float = Field(gt=0)  # the throughput: units per second
     measure: str | None = None  # the input whose size is measured on the host (a file or an output dir)
@@ -261,7 +261,7 @@ class PriorConfig(_Strict):
 
 
 class DuringConfig(_Strict):
-    """A side job (README "Foresight"): `lab pipeline` starts it while `stage` runs, once that run's
+    """A side job (docs/foresight.md): `lab pipeline` starts it while `stage` runs, once that run's
     progress has reached `after` units (its bar's n: rows generated, samples extracted), instead of
     in dependency order. `late`: also start it when `stage` had finished already (a pilot still
     forecasts then; a smoke of the next stage would only repeat it)."""
@@ -296,7 +296,7 @@ class StageConfig(_Strict):
     ready: ReadyConfig | None = None  # services only
     stop_grace_s: float = 30  # TERM, then KILL after this long
     slurm: SlurmOptions | None = None  # on a reach: slurm host: this stage's sbatch options (override the host's)
-    prior: PriorConfig | None = None  # first-run ETA: input size x throughput (README "ETAs")
+    prior: PriorConfig | None = None  # first-run ETA: input size x throughput (docs/eta.md)
     description: str = ""
     keep_alive_s: float = 600  # services: stopped once no job that needs them has run for this long
     during: DuringConfig | None = None  # a side job started while another stage runs (a pilot)
@@ -315,7 +315,7 @@ class StageConfig(_Strict):
 
 
 class GateConfig(_Strict):
-    """Conditions on the pipeline's forecast that a stage needs (README "Foresight"); eaglelab.control.gates."""
+    """Conditions on the pipeline's forecast that a stage needs (docs/foresight.md); eaglelab.control.gates."""
     min_acceptance_rate: float | None = Field(None, ge=0, le=1)   # the forecast's acceptance rate
     min_mean_acceptance_length: float | None = Field(None, ge=1)
     min_speedup: float | None = Field(None, gt=0)                 # only once a speedup is measured
@@ -567,7 +567,7 @@ def _validate(model: type[BaseModel], data: dict, files: list[Path], sections: l
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 
-SECRET_KEYS = {"env", "notify"}  # stage env: values and webhook URLs are secrets (README "Secrets")
+SECRET_KEYS = {"env", "notify"}  # stage env: values and webhook URLs are secrets (docs/operations.md, "Secrets")
 
 
 def _showable(loc: tuple, value) -> bool:
