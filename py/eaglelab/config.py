@@ -505,7 +505,7 @@ def _load_yaml(path: Path) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {e}",
                           public=f"{path}: not valid YAML{where}" + (f": {problem}" if problem else "")
                           + "; run `lab plan` for the details") from None
-    if _expanded_size(data) > MAX_YAML_NODES:
+    if "&" in text and _expanded_size(data) > MAX_YAML_NODES:  # no anchor (&), no alias to expand
         raise ConfigError(f"{path}: expands to over {MAX_YAML_NODES:,} values through its aliases (&/*); "
                           f"write the values out, or use fewer nested aliases")
     if data is None:
@@ -600,7 +600,21 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
 PROFILE_KEYS = {"hosts", "vars", "stages", "notify", "web", "description", "gates"}
 
 
-def check_name(kind: str, name: object, where: str) -> None:
+class _Where:
+    """Where an error is, worked out only when one is raised: finding the file that holds a key
+    walks the merged files, ~350 times for nothing on every load of a valid config."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __str__(self) -> str:
+        return self.fn()
+
+    def __format__(self, spec: str) -> str:
+        return format(self.fn(), spec)
+
+
+def check_name(kind: str, name: object, where: str | _Where) -> None:
     """Host, stage and profile names become file names, run ids and crontab lines: letters, digits,
     `_`, `.`, `-`, starting with a letter or digit (so no `/`, `..`, newline or option-like `-x`)."""
     if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name) or len(name) > 64:
@@ -652,9 +666,9 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
     lab_at = lambda *loc: key_file(loc, lab_files, [lab_raw, prof_lab])  # the file holding a key
     pipe_at = lambda *loc: key_file(loc, pipe_files, [pipe_raw, prof_pipe])
     for name in lab.hosts:
-        check_name("host", name, f"{lab_at('hosts', name)}: hosts")
+        check_name("host", name, _Where(lambda name=name: f"{lab_at('hosts', name)}: hosts"))
     for name in pipe.stages:
-        check_name("stage", name, f"{pipe_at('stages', name)}: stages")
+        check_name("stage", name, _Where(lambda name=name: f"{pipe_at('stages', name)}: stages"))
     for name, h in lab.hosts.items():
         h.name = name
         if h.reach == "slurm" and h.slurm is None:
@@ -716,7 +730,8 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
         for key in ("command", "env", "inputs", "outputs"):
             value = getattr(s, key)
             for v in value.values() if isinstance(value, dict) else value:
-                render_template(v, variables, f"stage {s.name!r} in {pipe_at('stages', s.name, key)}")
+                render_template(v, variables, _Where(lambda s=s, key=key: f"stage {s.name!r} in "
+                                                                          f"{pipe_at('stages', s.name, key)}"))
     from . import placement, side_jobs  # the transfers this placement needs become stages of their own
     side_jobs.add_smoke_stages(cfg)
     placement.add_transfer_stages(cfg)

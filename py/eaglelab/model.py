@@ -122,10 +122,15 @@ class BadRecord(ValueError):
     """A file or an answer of the wrong shape; the message says which and what is wrong."""
 
 
+@functools.cache
+def _parts(tp: Any) -> tuple[Any, tuple]:
+    return get_origin(tp), get_args(tp)
+
+
 def _conforms(value: Any, tp: Any) -> bool:
     if tp is Any:
         return True
-    origin, args = get_origin(tp), get_args(tp)
+    origin, args = _parts(tp)
     if origin in (Union, types.UnionType):
         return any(_conforms(value, a) for a in args)
     if tp is type(None):
