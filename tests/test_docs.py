@@ -145,11 +145,12 @@ def yaml_keys(data, parent: str | None = None):
 def named(doc: Path) -> dict[str, list[str]]:
     """What one doc names: paths, modules, lab commands, make targets, config keys."""
     text = doc.read_text()
-    found: dict[str, list[str]] = {"paths": [], "modules": [], "lab": [], "make": [], "config": []}
+    found: dict[str, list[str]] = {"paths": [], "files": [], "modules": [], "lab": [], "make": [], "config": []}
     for s in spans(text) + code_lines(text):
         for p in PATH.findall(s):
             if not re.search(r"[A-Z]{2,}|<|\.\.\.|…", p):  # NAME, <run_id>: placeholders
                 found["paths"].append(p)
+        found["files"] += re.findall(r"^(\w+\.py)$", s)  # `records.py`: a file of the tree, wherever
         found["modules"] += [m for m in re.findall(r"(?<![\w/])eaglelab(?:\.\w+)+", s)
                              if not re.search(r"\.[A-Z]+\b", m)]  # eaglelab.stages.NAME: a placeholder
         command = s.strip().removeprefix("$ ")  # a command: the span, or a code block's line, begins with it
@@ -177,6 +178,8 @@ def test_every_name_a_doc_gives_exists(doc):
     cmds, targets, fields = lab_commands(), make_targets(), config_fields()
     bad = [f"path {p}" for p in found["paths"] if not path_exists(p)]
     bad += [f"module {m}" for m in found["modules"] if not module_exists(m)]
+    bad += [f"file {f}" for f in found["files"]
+            if not any(next((REPO / d).rglob(f), None) for d in ("py", "status_web", "bench", "tests", "bin", "docs"))]
     for c in found["lab"]:
         name, _, sub = c.partition(" ")
         if name not in cmds:
@@ -197,11 +200,11 @@ def test_every_name_a_doc_gives_exists(doc):
 
 def test_the_checker_sees_what_is_not_there(tmp_path):
     doc = tmp_path / "page.md"
-    doc.write_text("Run `lab statuz`, `make tset`, read `py/eaglelab/control/nothing.py` and\n"
+    doc.write_text("Run `lab statuz`, `make tset`, read `py/eaglelab/control/nothing.py`, `gone.py` and\n"
                    "`eaglelab.control.status.gone`; set `web.nohost`.\n\n```yaml\nhosts:\n  gpu1:\n"
                    "    reach: ssh\n    sssh: {host: x}\n```\n")
     found = named(doc)
-    assert found["lab"] == ["statuz"] and found["make"] == ["tset"]
+    assert found["lab"] == ["statuz"] and found["make"] == ["tset"] and found["files"] == ["gone.py"]
     assert not path_exists(found["paths"][0]) and not module_exists(found["modules"][0])
     assert "sssh" in found["config"] and "gpu1" not in found["config"] and "web.nohost" in found["config"]
     with pytest.raises(AssertionError, match="statuz.*tset|names what is not there"):
