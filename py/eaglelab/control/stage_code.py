@@ -134,8 +134,12 @@ def code_digest(name: str, root: Path = SOURCE_ROOT, cache: Path | None = None) 
 def _tree_digest(root: Path) -> str:
     """The package's module files (names, not contents): a new or removed module changes what an
     unchanged file's imports resolve to."""
-    names = sorted(p.relative_to(root).as_posix() for p in (root / PACKAGE).rglob("*.py"))
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+    names = []
+    for folder, dirs, files in os.walk(root / PACKAGE):  # strings, not Paths: ~10x faster than rglob
+        dirs.sort()
+        rel = os.path.relpath(folder, root).replace(os.sep, "/")
+        names += sorted(f"{rel}/{f}" for f in files if f.endswith(".py"))
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
 
 
 def parents(name: str) -> list[str]:
