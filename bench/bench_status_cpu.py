@@ -118,7 +118,9 @@ def main() -> None:
     try:
         t0 = time.time()
         if (root / "conf").is_dir():
-            lab = {"conf": root / "conf", "stages": "the", "runs": sorted(p.name for p in (root / "work" / "runs").iterdir())}
+            from eaglelab import config
+            lab = {"conf": root / "conf", "stages": len(config.load(str(root / "conf"), None).stage_order()),
+                   "runs": sorted(p.name for p in (root / "work" / "runs").iterdir())}
             args.runs = len(lab["runs"])
         else:
             lab = build_lab(root, args.runs)
