@@ -208,8 +208,10 @@ def test_an_ended_run_reported_again_unchanged_is_not_written_again(tmp_path):
 
     heard.clear()
     reg.upsert_many([done, running], as_of=2.0)
-    assert stamps() == {"train-1": 1.0, "eval-1": 2.0}  # the running one is news each time
-    assert [after["id"] for _, after in heard] == ["eval-1"]
+    assert [after["id"] for _, after in heard] == ["eval-1"]  # only the running one was written again
+    assert stamps() == {"train-1": 2.0, "eval-1": 2.0}  # heard as of 2.0 all the same: an older report stays older
+    reg.upsert_many([{**done, "exit_code": 1}], as_of=1.5)
+    assert reg.get("train-1")["exit_code"] == 0
     reg.upsert_many([{**done, "log_state": {**done["log_state"], "adopted": True}}], as_of=3.0)
     assert stamps()["train-1"] == 3.0 and reg.get("train-1")["log_state"]["adopted"] is True
     assert reg.get("train-1")["log_state"]["progress"]["history"] == [[0.0, 0], [4.0, 4]]

@@ -162,10 +162,14 @@ class Registry:
             # What the registry knew before, read under the write lock: of several processes
             # syncing the same change, exactly one writes (and its observers see) the transition.
             before = self._stored(db, [row["id"] for _, row in rows])
-            kept = [(r, row) for r, row in rows
-                    if supersedes(before.get(row["id"]), row) and not _same_end(before.get(row["id"]), row)]
+            ok = [(r, row) for r, row in rows if supersedes(before.get(row["id"]), row)]
+            kept = [(r, row) for r, row in ok if not _same_end(before.get(row["id"]), row)]
             db.executemany(f"INSERT INTO runs ({cols}) VALUES ({marks}) ON CONFLICT(id) DO UPDATE SET {updates}",
                            [_encoded(row) for _, row in kept])
+            # the same end heard again is still news as of then: a report asked for earlier stays older
+            written = {row["id"] for _, row in kept}
+            db.executemany("UPDATE runs SET as_of = ?, updated_at = ? WHERE id = ?",
+                           [(row["as_of"], row["updated_at"], row["id"]) for _, row in ok if row["id"] not in written])
         if self.observers and kept:
             changes = [(before.get(row["id"]), {**r, "id": row["id"], "state": row["state"]}) for r, row in kept]
             for observe in self.observers:
