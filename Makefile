@@ -120,6 +120,10 @@ bench-eta: setup  ## ETA accuracy on the log corpus beside tqdm's own ETA (bench
 bench-parse: setup  ## parser throughput vs grep -c, memory as the log grows, live latency (bench/RESULTS.md)
 	$(VENV)/bin/python bench/bench_parse.py --mb 300 --sizes 25,100,400 --latency-n 200
 
+.PHONY: bench-status
+bench-status: setup  ## CPU of `lab status --json` with 50 runs in the registry (budget 0.3 s; README "Performance")
+	$(VENV)/bin/python bench/bench_status_cpu.py
+
 .PHONY: gpu-wheels
 gpu-wheels:  ## download the wheels bench/gpu_stages.sh installs on a GPU machine (into .whl/gpu)
 	bench/gpu_fetch_wheels.sh
@@ -129,7 +133,7 @@ clean-runs:  ## forget local runs and the registry (logs/ only; data/ stays)
 	rm -rf logs/local logs/registry.sqlite* logs/locks
 
 .PHONY: web
-web: $(VENV)/.installed  ## serve the status page on http://127.0.0.1:8765/ (WEB_HOST=0.0.0.0 opens it to the LAN: README first)
+web: $(VENV)/.installed  ## serve the status page on http://127.0.0.1:8765/ (WEB_HOST=0.0.0.0 opens it to the LAN: docs/web.md first)
 	$(LAB) web $(if $(WEB_HOST),--host $(WEB_HOST)) $(if $(WEB_PORT),--port $(WEB_PORT))
 
 .PHONY: gpu-lock

@@ -219,7 +219,7 @@ def test_readiness_is_asked_on_the_services_host(sshlab):
 
 def test_a_first_run_prior_measures_its_input_on_the_stages_host(sshlab):
     """hostside input_sizes over ssh: `~` is h1's home, not the controller's; the ETA is that size
-    x the declared throughput (README "ETAs")."""
+    x the declared throughput (docs/eta.md)."""
     (sshlab.net.home("h1") / "rows-prior.jsonl").write_text("{}\n" * 7)
     prior = {"unit": "samples", "measure": "~/rows-prior.jsonl", "per_s": 1, "expected": 3}
     sshlab.write({"job": {"host": "h1", "command": ["true"], "prior": prior}}, hosts=["h1"])

@@ -13,6 +13,7 @@ Every shape allows keys it does not declare: the contracts add fields, never cha
 """
 
 
+import functools
 import signal as _signal
 import types
 from enum import Enum, StrEnum
@@ -125,10 +126,15 @@ class BadRecord(ValueError):
     """A file or an answer of the wrong shape; the message says which and what is wrong."""
 
 
+@functools.cache
+def _parts(tp: Any) -> tuple[Any, tuple]:
+    return get_origin(tp), get_args(tp)
+
+
 def _conforms(value: Any, tp: Any) -> bool:
     if tp is Any:
         return True
-    origin, args = get_origin(tp), get_args(tp)
+    origin, args = _parts(tp)
     if origin in (Union, types.UnionType):
         return any(_conforms(value, a) for a in args)
     if tp is type(None):
@@ -150,6 +156,11 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+@functools.cache
+def _hints(shape: type) -> dict[str, Any]:
+    return get_type_hints(shape)  # resolved once per shape: a host's report checks ~50 records
+
+
 def check(shape: type, data: Any, where: str) -> dict:
     """data if it is a JSON object of that shape (required keys present, declared keys of the
     declared types; other keys allowed), else BadRecord naming `where`, the key and what is wrong."""
@@ -158,7 +169,7 @@ def check(shape: type, data: Any, where: str) -> dict:
     missing = [k for k in shape.__required_keys__ if k not in data]
     if missing:
         raise BadRecord(f"{where}: missing {', '.join(missing)} ({shape.__name__})")
-    for key, tp in get_type_hints(shape).items():
+    for key, tp in _hints(shape).items():
         if key in data and not _conforms(data[key], tp):
             raise BadRecord(f"{where}: {key} is {data[key]!r:.80}, expected {_type_name(tp)} ({shape.__name__})")
     return data

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from filelock import FileLock
-
 from eaglelab import __version__
 from eaglelab import config as config_mod
 from eaglelab.config import Config, StageConfig
@@ -88,7 +86,7 @@ class Lab:
             code = {"eaglelab": __version__}
             for arg in spec["command"]:
                 if stage_code.module_path(arg, self.code_root) is not None:
-                    code.update(stage_code.code_digest(arg, self.code_root))
+                    code.update(stage_code.code_digest(arg, self.code_root, cache=self.cfg.logs_dir / "stage_code.json"))
             return code
 
         spec = spec or self.launch_spec(stage)
@@ -227,6 +225,7 @@ class Lab:
                 if rec["state"] != "completed":
                     return rec
         self._check_dependencies(stage)
+        from filelock import FileLock  # ~20 ms to import (it brings asyncio); only a launch takes a lock
         lock = FileLock(str(self.cfg.logs_dir / "locks" / f"stage-{name}.lock"))
         (self.cfg.logs_dir / "locks").mkdir(parents=True, exist_ok=True)
         with lock:

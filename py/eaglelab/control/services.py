@@ -20,8 +20,6 @@ import sys
 import time
 from typing import TextIO
 
-from filelock import FileLock
-
 from eaglelab.fsutil import parse_iso, utcnow_iso
 from eaglelab.model import ACTIVE
 
@@ -102,6 +100,8 @@ def reap_until_none_idle(lab, after_s: float, out: TextIO) -> None:
     time.sleep(max(0.0, after_s))
     (lab.cfg.logs_dir / "locks").mkdir(parents=True, exist_ok=True)
     # one reaper polls at a time (it watches every service until none runs); others wait their turn
+    from filelock import FileLock  # ~20 ms to import (asyncio): only the reaper takes this lock
+
     with FileLock(str(lab.cfg.logs_dir / "locks" / "services-reap.lock")):
         while True:
             lab.refresh()
