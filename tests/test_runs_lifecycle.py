@@ -35,6 +35,10 @@ stages:
     host: local
     command: ["${python}", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"]
     stop_grace_s: 1
+  saver:
+    host: local
+    command: ["${python}", "-c", "import os, signal, time; signal.signal(signal.SIGTERM, lambda *a: (print('saved on TERM', flush=True), os._exit(3))); print('up', flush=True); time.sleep(600)"]
+    stop_grace_s: 20
   envdump:
     host: local
     command: ["${python}", "-c", "import os, json; print(json.dumps({k: os.environ.get(k) for k in ('PYTHONUNBUFFERED', 'COLUMNS', 'EAGLELAB_RUN_ID')}))"]
@@ -144,6 +148,21 @@ def test_stop_terms_then_kills_the_process_group(tmplab):
     tmplab.lab("run", "sleeper", "--detach")
     p = tmplab.lab("stop", "sleeper")
     assert "killed (signal 15)" in p.stdout
+
+
+def test_stop_of_a_paused_stage_lets_it_save_on_term(tmplab):
+    """A group someone paused (kill -STOP, Ctrl-Z on the host) is continued after the TERM, as a
+    shell does: it saves and exits at once instead of sitting out the grace to a KILL."""
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "saver", "--detach")
+    run = tmplab.runs("saver")[0]
+    log = tmplab.work / "runs" / run["id"] / "output.log"
+    tmplab.wait_for(lambda: b"up" in log.read_bytes())
+    os.killpg(_meta(tmplab, run["id"])["pgid"], signal.SIGSTOP)
+    tmplab.lab("stop", "saver")
+    assert b"saved on TERM" in log.read_bytes()
+    done = _state(tmplab, run["id"])
+    assert done["signal"] != 9 and done["exit_code"] == 3, done
 
 
 def _group_gone(pgid):

@@ -411,7 +411,7 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
         return read_run(run_dir)  # nothing of this run is alive in that group: signal nobody
     if rec.get("orphaned"):
         return _stop_orphan(run_dir, pgid, grace_s)
-    _killpg(pgid, signal.SIGTERM)
+    _terminate(pgid)
     deadline = time.time() + grace_s
     # Wait for the whole group, not only the stage's main process: a child that ignores TERM would
     # otherwise keep its GPU memory after `lab stop` returned.
@@ -428,7 +428,7 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
 def _stop_orphan(run_dir: Path, pgid: int, grace_s: float) -> dict:
     """Stop a stage whose jobwrap is gone, and record its end in jobwrap's place."""
     sig = signal.SIGTERM
-    _killpg(pgid, sig)
+    _terminate(pgid)
     deadline = time.time() + grace_s
     while time.time() < deadline and run_processes(pgid, run_dir):
         time.sleep(0.1)
@@ -444,6 +444,13 @@ def _stop_orphan(run_dir: Path, pgid: int, grace_s: float) -> dict:
             "ended_at": utcnow_iso(), "state": decide_end(None, int(sig), stop_requested=True).state.value,
             "stop_requested": True, "orphans": False, "recorded_by": "lab stop (the wrapper was gone)"})
     return read_run(run_dir)
+
+
+def _terminate(pgid: int) -> None:
+    """TERM, then CONT, as a shell does for a stopped job: a group someone paused (kill -STOP,
+    Ctrl-Z) would otherwise hold the TERM unseen until the KILL, and lose its save-on-TERM."""
+    _killpg(pgid, signal.SIGTERM)
+    _killpg(pgid, signal.SIGCONT)
 
 
 def _killpg(pgid: int, sig: int) -> None:
