@@ -601,3 +601,38 @@ def test_serve_on_one_cpu_runs_engine_and_worker_in_its_own_process():
         assert "--distributed-executor-backend" not in _argv(mode, tensor_parallel=2)
     asked = _argv("plain", extra=["--distributed-executor-backend", "mp"])
     assert asked.count("--distributed-executor-backend") == 1 and asked[-1] == "mp"  # the profile's own wins
+
+
+def test_a_stop_during_the_checkpoint_estimate_stops_training(tmp_path, monkeypatch):
+    """speculators' TERM handler raises where the code is; after a checkpoint that is our estimate.
+    Taken for a failed estimate, it once let `lab stop train` run training to its end (CI, stop 36)."""
+    import speculators.train.trainer as trainer
+    from speculators.train.graceful_shutdown import TrainingInterruptedError
+
+    from eaglelab.stages import acceptance
+
+    def save(self, epoch, local_step=0):
+        (tmp_path / str(epoch)).mkdir()
+        (tmp_path / str(epoch) / "model.safetensors").write_bytes(b"saved")
+
+    def interrupted(*a, **kw):
+        raise TrainingInterruptedError("SIGTERM")
+
+    def broken(*a, **kw):
+        raise ValueError("a bad row")
+
+    monkeypatch.setattr(trainer.Trainer, "maybe_save_checkpoint", save)
+    monkeypatch.setattr(acceptance, "estimate_checkpoint", interrupted)
+    said: list[str] = []
+    acceptance.install_trainer_hook(out_dir=tmp_path, verifier=tmp_path, data=tmp_path, hidden_states=tmp_path,
+                                    k=3, train_data_ratio=0.9, max_samples=4, echo=said.append)
+
+    class Fake:  # what the hook reads of a Trainer
+        checkpointer = type("C", (), {"path": str(tmp_path)})()
+        model = __import__("torch").nn.Linear(1, 1)
+
+    with pytest.raises(TrainingInterruptedError):
+        trainer.Trainer.maybe_save_checkpoint(Fake(), 0)
+    monkeypatch.setattr(acceptance, "estimate_checkpoint", broken)
+    trainer.Trainer.maybe_save_checkpoint(Fake(), 1)  # any other failure is advice: training goes on
+    assert said == [f"acceptance: estimate of {tmp_path / '1'} failed (ValueError: a bad row); training goes on"]

@@ -432,10 +432,13 @@ def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_st
     """After each checkpoint speculators' Trainer saves, estimate it (rank 0) and record the result.
 
     The checkpoint is read back from disk, as serving will read it. A failed estimate is reported
-    and training goes on: the estimate is advice, the checkpoint is the product."""
+    and training goes on: the estimate is advice, the checkpoint is the product. speculators'
+    interrupt (its TERM/INT handler raises where the code is, often inside the estimate) is passed
+    on: `lab stop train` during an estimate once let training run to its end (CI of stop 36)."""
     import os
 
     import speculators.train.trainer as trainer
+    from speculators.train.graceful_shutdown import TrainingInterruptedError
 
     original = trainer.Trainer.maybe_save_checkpoint
     state: dict = {"seen": {}}
@@ -458,6 +461,8 @@ def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_st
         try:
             doc = estimate_checkpoint(ckpt, verifier, data, hidden_states, train_data_ratio, max_samples, k,
                                       device, dtype, temperature, top_p)
+        except TrainingInterruptedError:
+            raise  # a TERM/INT landed during the estimate: it stops training, it is no failed estimate
         except Exception as e:  # noqa: BLE001 - advice only: training goes on
             echo(f"acceptance: estimate of {ckpt} failed ({type(e).__name__}: {e}); training goes on")
             return
