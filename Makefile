@@ -115,7 +115,7 @@ bench-eta: setup  ## ETA accuracy on the log corpus beside tqdm's own ETA (bench
 
 .PHONY: bench-parse
 bench-parse: setup  ## parser throughput vs grep -c, memory as the log grows, live latency (bench/RESULTS.md)
-	$(VENV)/bin/python bench/bench_parse.py --mb 300 --sizes 25,100,400 --latency-n 200
+	$(VENV)/bin/python bench/bench_parse.py --mb 300 --server-mb 50 --sizes 25,100,400 --latency-n 200
 
 .PHONY: gpu-wheels
 gpu-wheels:  ## download the wheels bench/gpu_stages.sh installs on a GPU machine (into .whl/gpu)
