@@ -29,11 +29,15 @@ SLOPE_OBS = 5  # the recent slope's window, in observations (the bench's "recent
 EMA_ALPHA = 0.3  # tqdm's smoothing
 MIN_PAIRS = 3  # a candidate needs this many backtest pairs to be judged
 PAIR_RECENCY = 8.0  # backtest pairs' weights fall as exp(-age / max(PAIR_RECENCY, pairs / 3))
+HORIZON_POWER = 1.0
+# ... and grow as (pair's horizon / items left now) ** HORIZON_POWER
+PAIR_MIN_TICKS = 2.0  # a pair spans at least this many clock ticks (whole seconds: shorter is noise)
+QUANT_NOISE = 1.0  # share of the clock's rounding variance taken out of each candidate's error
 WEIGHT_POWER = 2.0  # candidate weight = MSE ** -WEIGHT_POWER
 MSE_FLOOR = 1e-4  # (1% log error): below it candidates are equally good
 PRIOR_PAIRS = 2.0  # the history prior counts as this many backtest pairs of its own
 RANGE_Q = 0.1  # the range spans the combined errors' RANGE_Q .. 1 - RANGE_Q quantiles ...
-RANGE_SCALE = 1.3  # ... times this (horizon growth, model risk)
+RANGE_SCALE = 1.5  # ... times this (horizon growth, model risk)
 RANGE_PAIRS = 6.0  # pairs at which the backtest's range and the fit's weigh the same
 RANGE_FLOOR = 0.06  # never narrower than +-6%
 MAX_OBS = 512
@@ -133,21 +137,27 @@ def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low:
         k = np.searchsorted(N, N[js] + h - 1e-9, side="left")
         k = np.minimum(k, m)
         items, actual = N[k] - N[js], T[k] - T[js]
-        ok = (items > 0) & (actual >= 2 * c.resolution)
+        ok = (items > 0) & (actual >= PAIR_MIN_TICKS * c.resolution)
         pairs_j, pairs_items, pairs_actual = js[ok], items[ok], actual[ok]
     weights: dict[str, float] = {}
     errs: dict[str, np.ndarray] = {}
     npairs = len(pairs_j)
+    pw = np.zeros(0)
     if npairs:
+        # recent pairs weigh more, and so do pairs whose horizon is the one asked for now: a pair
+        # that could only look a few items ahead says little about the many left
         age = m - pairs_j
-        pw = np.exp(-age / max(PAIR_RECENCY, npairs / 3.0))
+        pw = np.exp(-age / max(PAIR_RECENCY, npairs / 3.0)) * (pairs_items / max(remaining, 1e-9)) ** HORIZON_POWER
         for k_ in now_items:
             rj = R[k_][pairs_j]
             fin = np.isfinite(rj)
             if fin.sum() < MIN_PAIRS:
                 continue
             e = np.log(rj[fin] * pairs_items[fin] / pairs_actual[fin])
-            mse = float(np.sum(pw[fin] * e * e) / np.sum(pw[fin]))
+            # the clock's own rounding (two whole-second readings: variance res^2 / 6 of the time
+            # taken) is in every candidate's error alike: taken out, the differences show
+            noise = QUANT_NOISE * (c.resolution / pairs_actual[fin]) ** 2 / 6.0
+            mse = float(np.sum(pw[fin] * (e * e - noise)) / np.sum(pw[fin]))
             weights[k_] = max(mse, MSE_FLOOR) ** -WEIGHT_POWER
             errs[k_] = e
     if not weights:
@@ -176,7 +186,7 @@ def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low:
         den[fin] += w
     have = den > 0
     e = num[have] / den[have]
-    pw = np.exp(-(m - pairs_j[have]) / max(PAIR_RECENCY, npairs / 3.0))
+    pw = pw[have]
     if len(e) >= 2:
         lo_q, hi_q = _wquantile(e, pw, RANGE_Q), _wquantile(e, pw, 1 - RANGE_Q)
     else:
