@@ -17,9 +17,9 @@ from . import markers, prefilter, speculators, training, vllm
 from .ansi import strip_ansi
 from .bars import BarBook, BarTrack, line_timestamp
 from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, TRAIN_PLAN, TRAIN_STEP, Event
-from .failures import GENERIC, Candidate, FailureRecognizer
+from .failures import GENERIC, ROOT_CAUSES, Candidate, FailureRecognizer
 from .prefixes import follower, split_prefix
-from .progress import parse_bar, split_glued
+from .progress import parse_bar, parse_cut_frames, split_glued
 from .records import LogClock, parse_record
 from .stall import check_stall
 
@@ -136,6 +136,14 @@ class LogState:
                 if p is not None:
                     self._on_bar(p, lineno, now, text)
                     msg = glued[1]
+        if "%|" in msg and not msg.rstrip().endswith("]"):
+            cut, rest = parse_cut_frames(msg, prefix)  # frames cut at the terminal's width
+            for p in cut:
+                self._on_bar(p, lineno, now, text)
+            if cut:
+                if not rest.strip():
+                    return
+                msg = rest  # a log line glued after the last cut frame
         rec = parse_record(msg)
         if rec.time is not None:
             self._log_t = self.clock.seconds(rec)
@@ -200,6 +208,8 @@ class LogState:
                 self._end_phase(None, lineno, now, None)
             else:
                 self.shutdown_line = lineno
+                # a clean shutdown after `received SIGTERM`: a stop that was asked for, not a failure
+                self.candidates = [(c, t) for c, t in self.candidates if c.reason != "killed"]
         elif kind == STALL_HINT:
             self.stuck_stats = self.stuck_stats + 1 if ev.value else 0
             self.stats_message = ev.message
@@ -302,6 +312,10 @@ class LogState:
         nccl_error, ...), else the first specific one (`other`), else the first."""
         if not self.candidates:
             return None
+        for root in ROOT_CAUSES:  # what the others follow from: a time limit's SIGTERM, an assert's NCCL error
+            for c, _ in self.candidates:
+                if c.reason == root:
+                    return c
         for c, _ in self.candidates:
             if c.specific and c.reason not in GENERIC:
                 return c
