@@ -70,14 +70,14 @@ _GATE = re.compile(
     r"Error|error|Exception|Memory|memory|space|Errno|Full|quota|NCCL|nccl|Killed|Kill|kill|exitcode|SIGKILL|Signal"
     r"|undefined symbol|shared object|No module|Timeout|timed out|Deadline|fault|dumped|Fatal|Bus|Floating|Illegal"
     r"|jobwrap|Aborted|Traceback|Interrupt|Exit|terminate|assert|Assertion|CUDA|File \"|TIME LIMIT|time limit|SIGSEGV"
-    r"|SIGTERM|got signal")
+    r"|SIGTERM|got signal|death signal")
 # Logged at INFO or WARNING, still the end of the process when nothing follows: the process says
 # it was told to stop (`Received SIGTERM`, torchrun's `Received Signals.SIGTERM death signal`,
 # vLLM's `trigger received signal=SIGTERM`). A run that goes on afterwards survives it, like any
 # candidate; `Sending process 12 closing signal SIGTERM` (to another process) is not one.
 _KILLED_QUIET = re.compile(
-    r"(?:[Rr]eceived|[Rr]eceiving|got) (?:the )?(?:signal[ =:]*)?(?:Signals\.)?SIGTERM\b|SIGTERM received"
-    r"|got signal: 15\b")
+    r"(?:[Rr]eceived|[Rr]eceiving|got) (?:the )?(?:signal[ =:]*)?(?:Signals\.)?SIGTERM\b|SIGTERM received")
+_DEATH_SIGNAL = re.compile(r"Received (?:(?P<n>\d+)|Signals\.(?P<name>SIG\w+)) death signal")
 # A traceback's frame line: an excerpt (or a log read from the middle) can start inside one.
 _FRAME_RE = re.compile(r'\s*File "[^"]+", line \d+')
 # `ValueError: msg`, `torch.OutOfMemoryError: msg`, `KeyboardInterrupt` at the start of an unindented line.
@@ -114,9 +114,15 @@ class FailureRecognizer:
         self._tb_at: dict[str, tuple[int, str | None]] = {}  # prefix -> (its first line, a reason its lines named)
 
     def feed(self, prefix: str, level: str | None, message: str, lineno: int) -> Candidate | None:
-        if level in _QUIET_LEVELS:
-            if prefix not in self._tb and _KILLED_QUIET.search(message):
+        if prefix not in self._tb and ("SIG" in message or "signal" in message):
+            # whatever the level (often INFO or WARNING): the process says it was told to stop
+            if _KILLED_QUIET.search(message):
                 return Candidate("killed", message.strip(), lineno, prefix, True)
+            m = _DEATH_SIGNAL.search(message)
+            if m is not None:  # torchrun's agent: `Received 15 death signal, shutting down workers`
+                term = m.group("n") == "15" or m.group("name") == "SIGTERM"
+                return Candidate("killed" if term else "signal", message.strip(), lineno, prefix, True)
+        if level in _QUIET_LEVELS:
             # A wrapper that relays its child's stderr at INFO (`... - INFO - Traceback (most recent
             # call last):`): the traceback is followed like any; a run that goes on survives it.
             if level != "INFO" or (prefix not in self._tb and "Traceback (most recent call last)" not in message
