@@ -314,3 +314,4 @@ def test_frames_cut_at_the_terminal_width_keep_their_progress():
 def test_a_unit_after_a_space_is_a_bar():
     p = state_of("Generating train split: 68 examples [01:54,  1.58s/ examples]\n")["progress"]
     assert (p["label"], p["n"], p["total"], p["elapsed_s"]) == ("Generating train split", 68, None, 114.0)
+    assert p["rate_s_per_it"] == 1.58 and p["unit"] == "examples"

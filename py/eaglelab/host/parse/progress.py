@@ -31,7 +31,7 @@ _BAR_RE = re.compile(
     rf"(?P<n>{_NUM})(?:/(?P<total>{_NUM}|\?))?(?P<unit> ?[A-Za-z][\w/]*)?\s*"
     rf"\[(?P<elapsed>{_TIME}|\?)(?:<(?P<remaining>{_TIME}|\?))?(?:,\s*(?P<rest>.*))?\]\s*$"
 )
-_RATE_RE = re.compile(r"\s*(?P<val>\?|\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s?(?P<si>[kKMGTPEZY]?)(?P<unit>s/\S+|[^\s/]+/s)\s*$")
+_RATE_RE = re.compile(r"\s*(?P<val>\?|\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s?(?P<si>[kKMGTPEZY]?)(?P<unit>s/ ?\S+|[^\s/]+/s)\s*$")
 # The `[elapsed<remaining, rate, postfix]` block that closes a frame, wherever it is in a line.
 _CLOSE_RE = re.compile(rf"\[(?:{_TIME}|\?)(?:<(?:{_TIME}|\?))?(?:,[^\]]*)?\]")
 _BAR_GROUPS = ("pct", "n", "total", "unit", "elapsed", "remaining", "rest")
@@ -162,6 +162,7 @@ def parse_bar(message: str, prefix: str = "") -> Progress | None:
                     s_per_it = rate
                 elif rate > 0:
                     s_per_it = 1.0 / rate
+            rate_unit = rate_unit.replace("s/ ", "s/")  # HF datasets' unit=" examples": `2.04s/ examples`
             if rate_unit.startswith("s/"):
                 unit = rate_unit[2:] if not unit_s else unit
             elif not unit_s:
