@@ -110,7 +110,7 @@ bench-holdout: setup  ## the honest evaluation: parser and ETA on held-out publi
 	$(VENV)/bin/python bench/bench_holdout.py
 
 .PHONY: bench-eta
-bench-eta: setup  ## ETA accuracy on the log corpus beside tqdm's own ETA (bench/RESULTS.md, ETA)
+bench-eta: setup  ## ETA accuracy per class on the held-out split, beside tqdm, EMA, recent slope, mean rate, history prior (bench/RESULTS.md)
 	$(VENV)/bin/python bench/bench_eta.py
 
 .PHONY: bench-parse
