@@ -68,20 +68,10 @@ def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str], int], flo
     rows: list[ReplayRow] = []
     emas: dict[tuple, TqdmEma] = {}
     state = LogState(bar_eta=bar_eta)
-    finished: dict[tuple, float] = {}  # key -> the mean s/item of its latest finished instance
-    last_seen: dict[tuple, tuple[int, float, float]] = {}  # key -> (instance, n, elapsed) latest
-
-    def prior_for(key, instance, label) -> float | None:
-        seen = last_seen.get(key)
-        if seen is not None and seen[0] < instance and seen[1] > 0 and seen[2] > 0:
-            finished[key] = seen[2] / seen[1]
-        if key in finished:
-            return finished[key]
-        return priors(label) if priors else None
-
     def on_bar(track, p) -> None:
         key, instance = (track.prefix, track.label), track.restarts
-        prior = prior_for(key, instance, track.label)
+        # the bar's previous run (the parser keeps it on the track, as the tailer sees it), else the caller's
+        prior = track.prior_s_per_item or (priors(track.label) if priors else None)
         n, _tot, elapsed, _rate = track.history[-1] if track.history else (p.n, p.total, None, None)
         use_elapsed = p.elapsed_s is not None
         total, tqdm_left = p.total, p.remaining_s
@@ -100,8 +90,6 @@ def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str], int], flo
             ema_eta = ema.eta(total, p.n)
         elif tqdm_left is not None:  # nothing to fit and no clock: tqdm's number, a wide range
             eta, low, high = tqdm_left, tqdm_left * 0.5, tqdm_left * 2.0
-        if elapsed is not None and use_elapsed:
-            last_seen[key] = (instance, p.n, elapsed)
         rows.append(ReplayRow(line=track.last_line, key=key, instance=instance, label=p.label, n=p.n,
                               total=total, elapsed_s=elapsed, eta_s=eta, eta_low_s=low, eta_high_s=high,
                               tqdm_eta_s=tqdm_left, ema_eta_s=ema_eta, rate_s_per_it=p.rate_s_per_it,
