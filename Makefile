@@ -76,7 +76,10 @@ demo-spread: setup  ## the demo pipeline over three ssh hosts made here (namespa
 # The suite on 3 xdist workers, each file (or group of files sharing a session fixture) whole on one
 # worker, the longest first (tests/suite_plan.py); the 30 slowest tests and the time by file at the end.
 PYTEST_WORKERS ?= 3
-PYTEST := $(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30
+# One OpenMP thread per process, placed by the kernel: three workers on two cores, each starting torch
+# and vLLM processes, lost most of their CPU to threads spinning for cores the others held, and every
+# vLLM server pinned itself to core 0 (conf/profiles/demo.yaml says the same for the demo's stages).
+PYTEST := OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=nobind $(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30
 TEST_PARTS := parse stages pipeline ssh web ops core
 
 .PHONY: lint
@@ -117,6 +120,10 @@ bench-eta: setup  ## ETA accuracy per class on the held-out split, beside tqdm, 
 bench-parse: setup  ## parser throughput vs grep -c, memory as the log grows, live latency (bench/RESULTS.md)
 	$(VENV)/bin/python bench/bench_parse.py --mb 300 --server-mb 50 --sizes 25,100,400 --latency-n 200
 
+.PHONY: bench-status
+bench-status: setup  ## CPU of `lab status --json` with 50 runs in the registry (budget 0.3 s; README "Performance")
+	$(VENV)/bin/python bench/bench_status_cpu.py
+
 .PHONY: gpu-wheels
 gpu-wheels:  ## download the wheels bench/gpu_stages.sh installs on a GPU machine (into .whl/gpu)
 	bench/gpu_fetch_wheels.sh
@@ -126,7 +133,7 @@ clean-runs:  ## forget local runs and the registry (logs/ only; data/ stays)
 	rm -rf logs/local logs/registry.sqlite* logs/locks
 
 .PHONY: web
-web: $(VENV)/.installed  ## serve the status page on http://127.0.0.1:8765/ (WEB_HOST=0.0.0.0 opens it to the LAN: README first)
+web: $(VENV)/.installed  ## serve the status page on http://127.0.0.1:8765/ (WEB_HOST=0.0.0.0 opens it to the LAN: docs/web.md first)
 	$(LAB) web $(if $(WEB_HOST),--host $(WEB_HOST)) $(if $(WEB_PORT),--port $(WEB_PORT))
 
 .PHONY: gpu-lock

@@ -1,4 +1,4 @@
-"""Foresight's lead time and error on a finished demo pipeline (README "Foresight").
+"""Foresight's lead time and error on a finished demo pipeline (docs/foresight.md).
 
 Reads a lab that ran `lab pipeline` (default: this repo's conf; `--conf DIR` for another) and
 prints, from the registry and the train stage's acceptance.jsonl:

@@ -279,6 +279,18 @@ def served_words(sv: dict) -> dict:
             "run": str(sv.get("run") or "")}
 
 
+def sampled_words(sd: dict, offline: dict) -> str:
+    """The sampled figure (an offline forecast's, or the eval's served sampled cell), with the offline
+    sampled forecast beside a served one; '' without."""
+    if num(sd.get("acceptance_rate")) is None:
+        return ""
+    mal = num(sd.get("mean_acceptance_length"))
+    out = pct(sd.get("acceptance_rate")) + ("" if mal is None else f", mean length {mal:.2f}")
+    if num(offline.get("acceptance_rate")) is not None:
+        out += f" (offline forecast {pct(offline.get('acceptance_rate'))})"
+    return out
+
+
 def forecast_view(pipe: dict, now: float) -> dict:
     """pipeline.forecast in words: verdict, figures, where from and how old; past forecasts' errors."""
     fc = mapping(pipe.get("forecast"))
@@ -300,11 +312,16 @@ def forecast_view(pipe: dict, now: float) -> dict:
         "age": fmt_duration(max(0.0, now - made)) if made is not None else "",
         "made": fmt_clock(made, now),
         "offline": pct(off.get("acceptance_rate")) if off else "",
+        "sampled": sampled_words(mapping(fc.get("sampled")), mapping(off.get("sampled"))),
         "served": served_words(mapping(fc.get("served_checkpoint"))),
         "reasons": [str(r) for r in fc.get("reasons") or []] if isinstance(fc.get("reasons"), list) else [],
         "history": [{"train_run": h.get("train_run"), "forecast": pct(h.get("forecast_rate")),
                      "eval": pct(h.get("eval_rate")), "error": "" if num(h.get("error")) is None
-                     else f"{100 * num(h.get('error')):+.1f} pts", "source": str(h.get("source") or "")}
+                     else f"{100 * num(h.get('error')):+.1f} pts", "source": str(h.get("source") or ""),
+                     "sampled_forecast": pct(h.get("forecast_sampled_rate")),
+                     "sampled_eval": pct(h.get("eval_sampled_rate")),
+                     "sampled_error": "" if num(h.get("sampled_error")) is None
+                     else f"{100 * num(h.get('sampled_error')):+.1f} pts"}
                     for h in hist],
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -69,6 +70,11 @@ class Lab:
                 return v
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {what}")
+
+    def pause_stage(self, stage: str) -> None:
+        """SIGSTOP the running stage's process group: it stays as it is until stopped or continued."""
+        metas = sorted((self.root / "work" / "runs").glob(f"{stage}-*/meta.json"))
+        os.killpg(json.loads(metas[-1].read_text())["pgid"], signal.SIGSTOP)
 
     def kill_stage(self, stage: str) -> None:
         """SIGKILL the running stage's process group at once (no grace), from its meta.json."""

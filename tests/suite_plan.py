@@ -50,15 +50,15 @@ WEIGHT_S: dict[str, float] = {
 # (tests/test_docs.py checks it, so a new file must be given a part).
 PARTS: dict[str, tuple[str, ...]] = {
     "parse": ("test_parse_*", "test_tail_*"),
-    "stages": ("test_stages_unit", "test_extract", "test_acceptance", "test_serve_smoke", "test_multigpu",
+    "stages": ("test_stages_unit", "test_extract", "test_acceptance", "test_acceptance_chain", "test_served_acceptance", "test_serve_smoke", "test_multigpu",
                "test_pilot", "test_train_*", "test_model", "test_drafter_support"),
-    "pipeline": ("test_pipeline_e2e", "test_foresight_demo", "test_gates", "test_side_jobs"),
+    "pipeline": ("test_pipeline_e2e", "test_foresight_demo", "test_gates", "test_forecast_unit", "test_side_jobs"),
     "ssh": ("test_ssh_*", "test_transfers", "test_demo_spread"),
     "web": ("test_web", "test_web_*", "test_render_status"),
     "ops": ("test_cron", "test_notify", "test_slurm_*"),
     "core": ("test_config", "test_docs", "test_eta*", "test_registry", "test_runs_lifecycle", "test_services",
-             "test_idle_services", "test_placement", "test_plan_settings", "test_host_imports", "test_stage_code",
-             "test_import_graph"),
+             "test_idle_services", "test_placement", "test_plan_settings", "test_host_imports", "test_host_await",
+             "test_stage_code", "test_import_graph", "test_cli_imports"),
 }
 
 

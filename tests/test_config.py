@@ -36,6 +36,17 @@ def test_valid_config_loads_with_profile_vars(tmplab):
     assert cfg.render(a, a.command[2], cfg.vars_for(a)) == "print(500)"
 
 
+def test_a_profiles_env_reaches_every_stage_and_a_stages_own_env_wins(tmplab):
+    tmplab.write_profile("cpu", "env:\n  OMP_NUM_THREADS: '1'\n  K: profile\nstages:\n  b:\n    env: {K: stage}\n")
+    cfg = load(tmplab, pipeline=PIPELINE.replace("host: local\n    command: [\"true\"]",
+                                                 "host: local\n    command: [\"true\"]\n    smoke: {during: a, args: [x]}"),
+               profile="cpu")
+    assert cfg.stage("a").env == {"OMP_NUM_THREADS": "1", "K": "profile"}
+    assert cfg.stage("b").env == {"OMP_NUM_THREADS": "1", "K": "stage"}
+    assert cfg.stage("smoke-b").env["OMP_NUM_THREADS"] == "1"  # the smoke runs b's command, in b's env
+    assert config.load(tmplab.conf, "test").stage("a").env == {}  # another profile: none of it
+
+
 @pytest.mark.parametrize("pipeline, needles", [
     (PIPELINE.replace("command: [\"true\"]", "command: [\"true\"]\n    dependz_on: [a]"),
      ["pipeline.yaml", "stages.b.dependz_on", "did you mean 'depends_on'"]),

@@ -13,15 +13,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The whole demo over three hosts, with the pilot and both smokes beside it: ~15 min on an
-# idle 2-core CI machine, more when loaded; the subprocess has its own 2400 s limit.
+# The whole demo over three hosts, with the pilot and both smokes beside it, at the sizes of
+# tests/demo_lab.py (what this checks is the placement and the moves, not the figures: the demo's
+# own sizes made eval alone 340 s of its 800): ~8 min on an idle 2-core CI machine, more when loaded;
+# the subprocess has its own 2400 s limit.
 pytestmark = pytest.mark.timeout(2700)
+SIZES = {"epochs": "3", "eval_limit": "4", "eval_max_tokens": "32"}
 
 
 def test_demo_over_three_hosts_moves_the_data_and_ends_with_the_full_summary(tmp_path):
     out = tmp_path / "spread.json"
     p = subprocess.run([sys.executable, str(REPO / "bin" / "demo-spread"), "--root", str(tmp_path / "spread"),
-                        "--json-summary", str(out)], capture_output=True, text=True, timeout=2400,
+                        "--json-summary", str(out), *(f"--set={k}={v}" for k, v in SIZES.items())], capture_output=True, text=True, timeout=2400,
                        stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     doc = json.loads(out.read_text())

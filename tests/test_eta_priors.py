@@ -1,4 +1,4 @@
-"""First-run priors (README "ETAs"): a pipeline that never ran shows a finish time for every stage
+"""First-run priors (docs/eta.md): a pipeline that never ran shows a finish time for every stage
 from each stage's input size (measured on its host) x the throughput its `prior:` declares; a
 finished run's measured rate replaces the prior; an input that cannot be measured falls back to
 the declared size, or to no estimate, with the reason said."""

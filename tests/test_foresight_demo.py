@@ -1,4 +1,4 @@
-"""Fault replays on the demo (README "Foresight"), through `lab pipeline` with the real vLLM server,
+"""Fault replays on the demo (docs/foresight.md), through `lab pipeline` with the real vLLM server,
 the real speculators and the real gate from conf/pipeline.yaml; the demo pipeline without its serving
 measurement (eval_baseline, serve_eval, eval: test_pipeline_e2e.py covers those), on 48 samples:
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST_MODULES = ["eaglelab.host.hostside", "eaglelab.host.jobwrap", "eaglelab.host.hostfacts",
-                "eaglelab.host.slurmside", "eaglelab.host.tail.run", "eaglelab.host.tail.whole",
+                "eaglelab.host.slurmside", "eaglelab.host.orphan", "eaglelab.host.tail.run", "eaglelab.host.tail.whole",
                 "eaglelab.host.parse.state"]
 CONTROLLER_ONLY = ["click", "pydantic", "flask", "rich", "waitress", "eaglelab.control"]
 

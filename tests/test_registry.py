@@ -186,3 +186,32 @@ def test_a_registry_without_the_as_of_column_takes_it_and_keeps_its_rows(tmp_pat
     assert reg.get("old-1")["state"] == "completed"
     reg.upsert({"id": "old-1", "stage": "s", "host": "h", "state": "failed", "exit_code": 2})
     assert reg.get("old-1")["exit_code"] == 2
+
+
+def test_an_ended_run_reported_again_unchanged_is_not_written_again(tmp_path):
+    """A refresh of a host with many finished runs wrote every row again (JSON and all): an ended run
+    reported exactly as stored is left alone, and observers hear nothing; any change is written."""
+    reg = Registry(tmp_path / "registry.sqlite")
+    heard = []
+    reg.observers.append(heard.extend)
+    done = dict(id="train-1", stage="train", host="h", state="completed", exit_code=0,
+                started_at="2026-01-01T00:00:00Z", ended_at="2026-01-01T01:00:00Z", lost=False,
+                log_state={"state": "completed", "progress": {"n": 40, "total": 40, "history": [[0.0, 0], [4.0, 4]]}})
+    running = dict(id="eval-1", stage="eval", host="h", state="running", started_at="2026-01-01T02:00:00Z",
+                   log_state={"state": "running"})
+    reg.upsert_many([done, running], as_of=1.0)
+    assert len(heard) == 2
+
+    def stamps():
+        with sqlite3.connect(tmp_path / "registry.sqlite") as db:
+            return dict(db.execute("SELECT id, as_of FROM runs"))
+
+    heard.clear()
+    reg.upsert_many([done, running], as_of=2.0)
+    assert [after["id"] for _, after in heard] == ["eval-1"]  # only the running one was written again
+    assert stamps() == {"train-1": 2.0, "eval-1": 2.0}  # heard as of 2.0 all the same: an older report stays older
+    reg.upsert_many([{**done, "exit_code": 1}], as_of=1.5)
+    assert reg.get("train-1")["exit_code"] == 0
+    reg.upsert_many([{**done, "log_state": {**done["log_state"], "adopted": True}}], as_of=3.0)
+    assert stamps()["train-1"] == 3.0 and reg.get("train-1")["log_state"]["adopted"] is True
+    assert reg.get("train-1")["log_state"]["progress"]["history"] == [[0.0, 0], [4.0, 4]]

@@ -35,6 +35,10 @@ stages:
     host: local
     command: ["${python}", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"]
     stop_grace_s: 1
+  saver:
+    host: local
+    command: ["${python}", "-c", "import os, signal, time; signal.signal(signal.SIGTERM, lambda *a: (print('saved on TERM', flush=True), os._exit(3))); print('up', flush=True); time.sleep(600)"]
+    stop_grace_s: 20
   envdump:
     host: local
     command: ["${python}", "-c", "import os, json; print(json.dumps({k: os.environ.get(k) for k in ('PYTHONUNBUFFERED', 'COLUMNS', 'EAGLELAB_RUN_ID')}))"]
@@ -144,6 +148,21 @@ def test_stop_terms_then_kills_the_process_group(tmplab):
     tmplab.lab("run", "sleeper", "--detach")
     p = tmplab.lab("stop", "sleeper")
     assert "killed (signal 15)" in p.stdout
+
+
+def test_stop_of_a_paused_stage_lets_it_save_on_term(tmplab):
+    """A group someone paused (kill -STOP, Ctrl-Z on the host) is continued after the TERM, as a
+    shell does: it saves and exits at once instead of sitting out the grace to a KILL."""
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "saver", "--detach")
+    run = tmplab.runs("saver")[0]
+    log = tmplab.work / "runs" / run["id"] / "output.log"
+    tmplab.wait_for(lambda: b"up" in log.read_bytes())
+    os.killpg(_meta(tmplab, run["id"])["pgid"], signal.SIGSTOP)
+    tmplab.lab("stop", "saver")
+    assert b"saved on TERM" in log.read_bytes()
+    done = _state(tmplab, run["id"])
+    assert done["signal"] != 9 and done["exit_code"] == 3, done
 
 
 def _group_gone(pgid):
@@ -397,17 +416,72 @@ def test_an_orphan_that_ends_on_its_own_is_adopted_from_its_log(tmplab):
     its log says how it ended (eaglelab's end marker): completed, not lost, and not run again."""
     tmplab.write_pipeline(PIPELINE + """  marked:
     host: local
-    command: ["${python}", "-c", "import time; from eaglelab.host.parse.markers import done_line; time.sleep(4); print(done_line(), flush=True)"]
+    command: ["${python}", "-c", "import os, sys, time\\nfrom eaglelab.host.parse.markers import done_line\\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.1)\\nprint(done_line(), flush=True)", "${work_dir}/go"]
 """)
     tmplab.lab("run", "marked", "--detach")
     run = tmplab.runs("marked")[0]
     meta = tmplab.wait_for(lambda: (m := _meta(tmplab, run["id"])).get("pid") and m)
     os.kill(meta["jobwrap_pid"], signal.SIGKILL)
     tmplab.wait_for(lambda: _state(tmplab, run["id"]).get("orphaned"))
+    (tmplab.work / "go").touch()  # it ends now, however long the machine took to see it orphaned
     done = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"]))["state"] != "running" and r, timeout=60)
     assert (done["state"], done["lost"]) == ("completed", False), done
     p = tmplab.lab("run", "marked")
     assert "up to date" in p.stdout and len(tmplab.run_dirs()) == 1
+
+
+MANIFESTED = """  manifested:
+    host: local
+    command: ["${python}", "-c", "import sys, time\\nfrom pathlib import Path\\nfrom eaglelab import manifest\\nout, go = Path(sys.argv[1]), Path(sys.argv[2])\\nfor i in range(1, 1001):\\n    if go.exists(): break\\n    time.sleep(0.2); print(f'\\\\rwork: {i // 10}%| | {i}/1000 [00:01<00:01, 5.00it/s]', end='', flush=True)\\nout.mkdir(parents=True, exist_ok=True); (out / 'data.bin').write_bytes(b'x' * 100)\\nmanifest.write(out, 'manifested', [out / 'data.bin'])\\n", "${work_dir}/out/m", "${work_dir}/go"]
+    outputs: ["${work_dir}/out/m"]
+"""
+
+
+def test_an_orphan_that_finishes_is_completed_by_its_outputs_manifest_and_followed_meanwhile(tmplab):
+    """jobwrap is SIGKILLed, the stage goes on and finishes by itself, printing no end marker (no
+    shipped stage prints one): its progress is followed while it is orphaned, and the manifest it
+    wrote for this run into its outputs makes it `completed` (not `killed, lost`), never run again.
+    A manifest of another run, or one whose files do not match, proves nothing."""
+    from eaglelab.host import hostside
+    tmplab.write_pipeline(PIPELINE + MANIFESTED)
+    tmplab.lab("run", "manifested", "--detach")
+    run = tmplab.runs("manifested")[0]
+    run_dir = tmplab.work / "runs" / run["id"]
+    meta = tmplab.wait_for(lambda: (m := _meta(tmplab, run["id"])).get("pid") and m, interval=0.05)
+    os.kill(meta["jobwrap_pid"], signal.SIGKILL)
+    def orphaned_at() -> int | None:  # the progress its state shows while it is orphaned
+        r = hostside.read_run(run_dir)
+        return ((r["log_state"] or {}).get("progress") or {}).get("n", 0) if r.get("orphaned") else None
+
+    first = tmplab.wait_for(lambda: (n := orphaned_at()) is not None and [n], interval=0.05)[0]
+    followed = tmplab.wait_for(lambda: (n := orphaned_at() or -1) >= first + 3 and n, interval=0.1)  # live
+    (tmplab.work / "go").touch()  # the stage writes its outputs and their manifest, and exits 0
+    done = tmplab.wait_for(lambda: (r := _state(tmplab, run["id"]))["state"] != "running" and r, timeout=30)
+    assert (done["state"], done["lost"]) == ("completed", False), done
+    assert done["log_state"]["state"] == "completed" and done["log_state"]["progress"]["n"] >= followed
+    exit_json = json.loads((run_dir / "exit.json").read_text())
+    assert str(tmplab.work / "out" / "m" / "manifest.json") in exit_json["outputs_done"]
+    p = tmplab.lab("run", "manifested")
+    assert "up to date" in p.stdout and len(tmplab.run_dirs()) == 1
+
+
+def test_only_a_sound_manifest_of_the_run_itself_proves_an_unrecorded_end(tmp_path):
+    from eaglelab.host import hostside
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data.bin").write_bytes(b"x" * 100)
+    meta = {"run_id": "s-20261204T000000-abcd", "cwd": str(tmp_path), "outputs": ["out"]}
+    run_dir = tmp_path / "runs" / meta["run_id"]
+    doc = {"schema": 1, "files": {"data.bin": {"size": 100}}, "run_id": meta["run_id"]}
+    (out / "manifest.json").write_text(json.dumps(doc))
+    assert hostside.outputs_done(run_dir, meta)
+    assert hostside.outputs_done(run_dir, {**meta, "outputs": ["out/data.bin"]})  # a file: the manifest beside it
+    assert not hostside.outputs_done(run_dir, {**meta, "outputs": ["out", "elsewhere"]})  # every output
+    assert not hostside.outputs_done(run_dir, {**meta, "outputs": []})
+    (out / "manifest.json").write_text(json.dumps({**doc, "run_id": "s-20261203T000000-0000"}))
+    assert not hostside.outputs_done(run_dir, meta)  # an earlier run's
+    (out / "manifest.json").write_text(json.dumps({**doc, "files": {"data.bin": {"size": 200}}}))
+    assert not hostside.outputs_done(run_dir, meta)  # a truncated file
 
 
 DEPENDENT = """\
@@ -496,8 +570,8 @@ def test_a_stop_of_a_damaged_run_is_an_error_not_a_traceback(tmplab):
     (rd / "meta.json").write_text("{damaged")  # the registry still says running
     try:
         p = tmplab.lab("stop", run["id"], check=False)
-    finally:
-        shutil.rmtree(rd)
+    finally:  # jobwrap outlives its stage a moment to record the end: it may still be writing in there
+        tmplab.wait_for(lambda: shutil.rmtree(rd, ignore_errors=True) or not rd.exists(), timeout=30)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert f"host 'local': cannot stop {run['id']}" in p.stderr and "meta.json" in p.stderr, p.stderr
 
@@ -532,3 +606,59 @@ def test_a_folder_on_the_lab_path_that_others_could_write_is_refused(tmplab, pla
     assert str(bad) in p.stderr and why in p.stderr and "Move it aside" in p.stderr, p.stderr
     runs = tmplab.work / "runs"
     assert not runs.is_dir() or list(runs.iterdir()) == []  # nothing was started
+
+
+@pytest.mark.parametrize("damage", ["meta_unreadable", "directory_gone"])
+def test_a_run_whose_directory_is_gone_or_unreadable_is_ended_not_a_ghost(tmplab, damage):
+    """A live run whose meta.json became unreadable, or whose directory vanished (a host wiped, a
+    disk replaced), used to stay `running` in the registry forever: attached to, waited on by
+    `lab run`, attached to even with --force. Confirmed missing, it is ended `lost` with the reason;
+    `lab stop` says so (no traceback), `lab run` holds it for a person, `--force` starts a new run."""
+    import shutil
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "sleeper", "--detach")
+    (rd,) = tmplab.run_dirs()
+    meta = tmplab.wait_for(lambda: (m := _meta(tmplab, rd.name)).get("pgid") and m)
+    os.kill(meta["jobwrap_pid"], signal.SIGKILL)
+    os.killpg(meta["pgid"], signal.SIGKILL)
+    if damage == "meta_unreadable":
+        (rd / "meta.json").write_text("{damaged")
+    else:
+        shutil.rmtree(rd)
+    try:
+        p = tmplab.lab("stop", rd.name, check=False)  # the registry still says running
+    finally:
+        shutil.rmtree(rd, ignore_errors=True)  # the fixture's cleanup reads every meta.json
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "recorded killed" in p.stderr and "no longer reports it" in p.stderr, p.stderr
+    ghost = _state(tmplab, rd.name)
+    assert (ghost["state"], ghost["lost"]) == ("killed", True), ghost
+    assert ("meta.json" if damage == "meta_unreadable" else "is gone") in ghost["end_unknown"], ghost
+    if damage == "meta_unreadable":
+        return  # the same from here on
+    p = tmplab.lab("run", "sleeper", "--detach", check=False)
+    assert p.returncode != 0 and "--force" in p.stderr and "attaching" not in p.stdout, p.stdout + p.stderr
+    p = tmplab.lab("run", "sleeper", "--detach", "--force")
+    assert "starting sleeper" in p.stdout and "attaching" not in p.stdout, p.stdout
+    assert len(tmplab.run_dirs()) == 1 and tmplab.run_dirs()[0].name != rd.name  # a new run
+
+
+def test_an_interrupted_local_stop_still_kills_a_stage_that_ignores_term(tmplab):
+    """Ctrl-C of `lab stop` during its grace period (the terminal signals its whole process group):
+    the escalation runs on in a session of its own, as over ssh, so a stage that ignores TERM is
+    KILLed after the grace and its end recorded (killed, on request), never left alive."""
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.lab("run", "stubborn", "--detach")
+    (rd,) = tmplab.run_dirs()
+    meta = tmplab.wait_for(lambda: (m := _meta(tmplab, rd.name)).get("pgid") and b"up" in (rd / "output.log").read_bytes()
+                           and m, interval=0.05)
+    stop = subprocess.Popen([str(LAB), "stop", rd.name, "--grace", "2"], env=tmplab.env(), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmplab.wait_for(lambda: (rd / "stop_requested").exists(), timeout=30, interval=0.05)  # TERM sent (ignored)
+    os.killpg(stop.pid, signal.SIGINT)  # Ctrl-C
+    stop.wait(timeout=30)
+    assert _live_in_group(meta["pgid"])  # the grace is not over: still alive
+    tmplab.wait_for(lambda: not _live_in_group(meta["pgid"]), timeout=20, interval=0.1)
+    end = tmplab.wait_for(lambda: json.loads((rd / "exit.json").read_text()) if (rd / "exit.json").exists() else None,
+                          timeout=20)
+    assert (end["state"], end["signal"], end["stop_requested"]) == ("killed", signal.SIGKILL, True), end

@@ -1,4 +1,4 @@
-"""The serving smoke (README "The serving smoke"): `serve --mode eval --smoke-checkpoints DIR`, the job
+"""The serving smoke (docs/foresight.md, "The serving smoke"): `serve --mode eval --smoke-checkpoints DIR`, the job
 smoke-serve_eval beside train.
 
 Real vLLM (CPU) on the tiny target and a drafter the train stage trained for 2 epochs: the smoke serves

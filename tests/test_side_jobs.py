@@ -1,4 +1,4 @@
-"""Side jobs through the real `bin/lab pipeline` and jobwrap (README "Foresight"): a smoke test of the
+"""Side jobs through the real `bin/lab pipeline` and jobwrap (docs/foresight.md): a smoke test of the
 next stage starts while the current one runs, once it has made enough units; its failure is reported
 at once (stdout, `lab status`, the `failed` webhook as the next stage's failure) while the current stage
 goes on, and the pipeline then does not start that stage under the same config; a passing smoke lets

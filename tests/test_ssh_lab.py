@@ -219,9 +219,40 @@ def test_readiness_is_asked_on_the_services_host(sshlab):
 
 def test_a_first_run_prior_measures_its_input_on_the_stages_host(sshlab):
     """hostside input_sizes over ssh: `~` is h1's home, not the controller's; the ETA is that size
-    x the declared throughput (README "ETAs")."""
+    x the declared throughput (docs/eta.md)."""
     (sshlab.net.home("h1") / "rows-prior.jsonl").write_text("{}\n" * 7)
     prior = {"unit": "samples", "measure": "~/rows-prior.jsonl", "per_s": 1, "expected": 3}
     sshlab.write({"job": {"host": "h1", "command": ["true"], "prior": prior}}, hosts=["h1"])
     e = next(s["eta"] for s in sshlab.status()["stages"] if s["name"] == "job")
     assert (e["source"], e["eta_s"]) == ("prior", 7.0) and "lines of ~/rows-prior.jsonl" in e["basis"], e
+
+
+FINISH_ON_GO = ("import sys, time\nfrom pathlib import Path\nfrom eaglelab import manifest\n"
+                "out, go = (Path(a) for a in sys.argv[1:3])\n"
+                "for i in range(1, 1001):\n    if go.exists(): break\n"
+                "    time.sleep(0.2); print(f'\\rwork: {i // 10}%| | {i}/1000 [00:01<00:01, 5.00it/s]', end='', flush=True)\n"
+                "out.mkdir(parents=True, exist_ok=True); (out / 'data.bin').write_bytes(b'x' * 100)\n"
+                "manifest.write(out, 'manifested', [out / 'data.bin'])\n")
+
+
+def test_an_orphan_that_finishes_on_its_host_is_completed_by_its_manifest(sshlab):
+    """Over ssh as locally: jobwrap SIGKILLed on the host, the stage finishes on its own; its
+    progress is followed there meanwhile, and its outputs' manifest of this run makes it completed."""
+    base = sshlab.net.home("h2") / sshlab.work[2:]  # h2's work dir, by its absolute path
+    sshlab.write({"manifested": {"host": "h2", "command": ["${python}", "-c", FINISH_ON_GO, f"{base}/out/m", f"{base}/go"],
+                                 "outputs": [f"{base}/out/m"]}}, hosts=["h2"])
+    sshlab.lab("run", "manifested", "--detach")
+    run_id = host_run_ids(sshlab, "h2")[0]
+    rd = sshlab.run_dir("h2", run_id)
+    meta = wait_for(lambda: (m := json.loads((rd / "meta.json").read_text())).get("pid") and m)
+    os.kill(meta["jobwrap_pid"], signal.SIGKILL)
+
+    def progress() -> int | None:  # as `lab status` shows it while the run is orphaned
+        r = sshlab.status()["runs"][0]
+        return ((r["log_state"] or {}).get("progress") or {}).get("n", 0) if r.get("orphaned") else None
+
+    first = wait_for(lambda: (n := progress()) is not None and [n])[0]
+    wait_for(lambda: (progress() or -1) >= first + 3)
+    (base / "go").touch()
+    run = wait_for(lambda: (r := sshlab.status()["runs"][0])["state"] != "running" and r, timeout=30)
+    assert (run["state"], run["lost"]) == ("completed", False), run

@@ -87,6 +87,26 @@ def test_code_digest_changes_with_a_file_in_the_closure_only(tmp_path):
     assert {k for k in before if before[k] != after[k]} == {"g.py"}
 
 
+def test_code_digest_with_a_cache_file_is_the_digest_without_it(tmp_path):
+    """The cache between processes (what each file imports) never changes the answer: a changed file,
+    a new module that an unchanged import now resolves to, a damaged cache file."""
+    root, cache = tmp_path / "code", tmp_path / "stage_code.json"
+    write_package(root, PACKAGE)
+    stage_code._parsed.clear()
+    assert stage_code.code_digest("eaglelab.a", root, cache=cache) == stage_code.code_digest("eaglelab.a", root)
+    assert cache.exists()
+    stage_code._parsed.clear()  # a new process: only the file knows
+    assert stage_code.code_digest("eaglelab.a", root, cache=cache) == stage_code.code_digest("eaglelab.a", root)
+    (root / "eaglelab" / "g.py").write_text("from . import e\nx = 2\n")
+    (root / "eaglelab" / "c.py").write_text("NAME = 1\nfrom .sub import k\n")  # sub.k is no module yet: a name
+    after = stage_code.code_digest("eaglelab.a", root, cache=cache)
+    assert after == stage_code.code_digest("eaglelab.a", root) and "sub/k.py" not in after
+    (root / "eaglelab" / "sub" / "k.py").write_text("")  # c.py unchanged, but its import is now a module
+    assert "sub/k.py" in stage_code.code_digest("eaglelab.a", root, cache=cache)
+    cache.write_text("{not json")
+    assert stage_code.code_digest("eaglelab.a", root, cache=cache) == stage_code.code_digest("eaglelab.a", root)
+
+
 def test_the_real_closures_hold_the_stages_they_call_and_no_other():
     train = stage_code.closure("eaglelab.stages.train")
     assert {"eaglelab.manifest", "eaglelab.errors", "eaglelab.fsutil"} <= set(train)

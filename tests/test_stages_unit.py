@@ -406,6 +406,13 @@ def test_eval_sweep_cells_spread_and_verdicts():
     row = {"sampling": "greedy", "concurrency": 4, "baseline": base, "spec": spec, "comparison": c}
     text = eval_stage.table([row])
     assert "105.0 [100.0-110.0]" in text and "155.0 [150.0-160.0]" in text and "PAYS" in text and "1/2" in text
+    # the served sampled cell at the verdict's concurrency, beside the greedy one (the sampled forecast's match)
+    sweep = [row, {**row, "sampling": "sampled", "spec": noisy}, {**row, "sampling": "sampled", "concurrency": 1}]
+    settings = {"sampled": [{"temperature": 1.0, "top_p": 0.95}]}
+    assert eval_stage.sampled_at(sweep, 4, settings) == {
+        "acceptance_rate": noisy["acceptance_rate"], "mean_acceptance_length": noisy["mean_acceptance_length"],
+        "concurrency": 4, "temperature": 1.0, "top_p": 0.95}
+    assert eval_stage.sampled_at([row], 4, {"sampled": []}) is None
 
 
 def test_eval_bench_argv_and_figures(tiny, tmp_path):

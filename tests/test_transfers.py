@@ -217,7 +217,7 @@ def test_a_transfer_that_would_fill_the_receiving_disk_stops_before_moving(sshla
 
 
 def test_a_transfer_is_estimated_from_the_bytes_it_will_move(sshlab):
-    """First-run priors (README "ETAs"): a transfer stage's ETA is the bytes of its paths, measured
+    """First-run priors (docs/eta.md): a transfer stage's ETA is the bytes of its paths, measured
     on the producer's host, at ~1 Gb/s; before the producer ran, it says that it counts none."""
     repo = checkouts(sshlab)
     write(sshlab, repo, mb=2)

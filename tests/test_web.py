@@ -483,10 +483,12 @@ def test_overview_shows_the_forecast_its_source_age_and_past_errors():
         "source": "checkpoint", "acceptance_rate": 0.156, "mean_acceptance_length": 1.468, "speedup": None,
         "verdict": "LOW_ACCEPTANCE", "reasons": ["acceptance rate 15.6% < 30%"], "checkpoints": 3,
         "run": "train-20270115T080000-cccc", "made_at": web_samples.iso(-90),
+        "sampled": {"acceptance_rate": 0.121, "mean_acceptance_length": 1.363},
         "served_checkpoint": {"acceptance_rate": 0.183, "mean_acceptance_length": 1.549, "epoch": 2,
                               "run": "smoke-serve_eval-20270115T081500-eeee"}},
         "forecast_history": [{"train_run": "train-20270114T080000-dddd", "forecast_rate": 0.16, "eval_rate": 0.187,
-                              "error": -0.027, "source": "checkpoint"}]}
+                              "error": -0.027, "source": "checkpoint", "forecast_sampled_rate": 0.11,
+                              "eval_sampled_rate": 0.125, "sampled_error": -0.015}]}
     html = text(sample_app(status).test_client().get("/"))
     box = re.search(r'<section class="forecast.*?</section>', html, re.S).group(0)
     assert 'id="forecast-verdict">LOW_ACCEPTANCE<' in box and 'id="f-acceptance">15.6%<' in box
@@ -495,6 +497,8 @@ def test_overview_shows_the_forecast_its_source_age_and_past_errors():
     served = re.search(r'served by vLLM, checkpoint 2</dt><dd id="f-served">(.*?)</dd>', box).group(1)
     assert served.startswith("18.3%, mean length 1.55") and "smoke-serve_eval-20270115T081500-eeee" in served
     assert "train-20270114T080000-dddd" in box and "-2.7 pts" in box
+    assert 'id="f-sampled">12.1%, mean length 1.36<' in box  # the sampled forecast beside the greedy one
+    assert "<td>11.0%</td><td>12.5%</td><td>-1.5 pts</td>" in box  # and its error against the served sampled
     # without evidence there is no forecast box at all
     assert 'class="forecast' not in text(sample_app(web_samples.lab_status()).test_client().get("/"))
 

@@ -1,4 +1,4 @@
-"""The real `lab web` process, started as the README says (`lab web --port P`), crawled by a real
+"""The real `lab web` process, started as docs/web.md says (`lab web --port P`), crawled by a real
 browser (Playwright + Debian's Chromium): every top-level page as the first reader of a fresh
 snapshot, then every link the pages show (navigation, runs, stages, hosts), during a live pipeline
 and after it. Each page must answer (HTTP 200) within a generous timeout; the durations are

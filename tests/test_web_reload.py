@@ -1,4 +1,4 @@
-"""`lab web` follows its configuration files: the real server (started as the README says), a real
+"""`lab web` follows its configuration files: the real server (started as docs/web.md says), a real
 stage rerun through the page's action API after the profile changed, a profile broken and fixed."""
 
 from __future__ import annotations

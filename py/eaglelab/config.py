@@ -92,7 +92,7 @@ class HostConfig(_Strict):
     lock: str = "requirements.lock"  # the pinned environment the host's venv must match (controller path)
     base_python: str = "python3"  # on the host: the interpreter `lab sync` makes the venv with
     pip_options: list[str] = []  # extra `pip install` arguments for `lab sync` (--index-url, --find-links ...)
-    # Data placement (README "Several hosts"): path prefixes (as stage paths are written: relative to
+    # Data placement (docs/hosts.md, "Several hosts"): path prefixes (as stage paths are written: relative to
     # repo_dir, or absolute) -> the name of the filesystem behind them. Two hosts that give the same
     # name to a prefix of a path see the same files there, so nothing is moved between them.
     shared: dict[str, str] = {}
@@ -240,7 +240,7 @@ class ReadyConfig(_Strict):
 
 class PriorConfig(_Strict):
     """A stage's duration before this lab has run it: its input's size x a declared throughput
-    (README "ETAs"). Learned rates from finished runs replace it. Values may use ${vars}."""
+    (docs/eta.md). Learned rates from finished runs replace it. Values may use ${vars}."""
     unit: Literal["samples", "tokens", "bytes", "lines", "items"]  # what `per_s` counts
     per_s: float = Field(gt=0)  # the throughput: units per second
     measure: str | None = None  # the input whose size is measured on the host (a file or an output dir)
@@ -261,7 +261,7 @@ class PriorConfig(_Strict):
 
 
 class DuringConfig(_Strict):
-    """A side job (README "Foresight"): `lab pipeline` starts it while `stage` runs, once that run's
+    """A side job (docs/foresight.md): `lab pipeline` starts it while `stage` runs, once that run's
     progress has reached `after` units (its bar's n: rows generated, samples extracted), instead of
     in dependency order. `late`: also start it when `stage` had finished already (a pilot still
     forecasts then; a smoke of the next stage would only repeat it)."""
@@ -296,7 +296,7 @@ class StageConfig(_Strict):
     ready: ReadyConfig | None = None  # services only
     stop_grace_s: float = 30  # TERM, then KILL after this long
     slurm: SlurmOptions | None = None  # on a reach: slurm host: this stage's sbatch options (override the host's)
-    prior: PriorConfig | None = None  # first-run ETA: input size x throughput (README "ETAs")
+    prior: PriorConfig | None = None  # first-run ETA: input size x throughput (docs/eta.md)
     description: str = ""
     keep_alive_s: float = 600  # services: stopped once no job that needs them has run for this long
     during: DuringConfig | None = None  # a side job started while another stage runs (a pilot)
@@ -315,7 +315,7 @@ class StageConfig(_Strict):
 
 
 class GateConfig(_Strict):
-    """Conditions on the pipeline's forecast that a stage needs (README "Foresight"); eaglelab.control.gates."""
+    """Conditions on the pipeline's forecast that a stage needs (docs/foresight.md); eaglelab.control.gates."""
     min_acceptance_rate: float | None = Field(None, ge=0, le=1)   # the forecast's acceptance rate
     min_mean_acceptance_length: float | None = Field(None, ge=1)
     min_speedup: float | None = Field(None, gt=0)                 # only once a speedup is measured
@@ -325,6 +325,7 @@ class GateConfig(_Strict):
 
 class PipelineConfig(_Strict):
     vars: dict[str, Any] = {}
+    env: dict[str, str] = {}  # the environment every stage starts with; a stage's own `env:` wins
     stages: dict[str, StageConfig] = Field(min_length=1)
     gates: dict[str, GateConfig] = {}  # stage -> the gate it must pass (before it starts and while it runs)
 
@@ -448,9 +449,10 @@ MAX_EXPANDED = 64 * 1024     # characters in one rendered value (an argv item, a
 MAX_YAML_NODES = 100_000     # values in a file once its aliases are expanded (no "billion laughs")
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """safe_load that refuses a key given twice in one mapping (the second silently replaced the
-    first: a whole stage vanished that way), naming both lines."""
+    first: a whole stage vanished that way), naming both lines. libyaml's parser where PyYAML has
+    it (the lock's wheel does): 10x less CPU than the pure-Python one, which every `lab` call paid."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
@@ -495,7 +497,7 @@ def _load_yaml(path: Path) -> dict:
     except OSError as e:  # a directory, no permission
         raise ConfigError(f"{path}: cannot be read as a file ({e.strerror or e})") from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a (C)SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -504,7 +506,7 @@ def _load_yaml(path: Path) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {e}",
                           public=f"{path}: not valid YAML{where}" + (f": {problem}" if problem else "")
                           + "; run `lab plan` for the details") from None
-    if _expanded_size(data) > MAX_YAML_NODES:
+    if "&" in text and _expanded_size(data) > MAX_YAML_NODES:  # no anchor (&), no alias to expand
         raise ConfigError(f"{path}: expands to over {MAX_YAML_NODES:,} values through its aliases (&/*); "
                           f"write the values out, or use fewer nested aliases")
     if data is None:
@@ -566,7 +568,7 @@ def _validate(model: type[BaseModel], data: dict, files: list[Path], sections: l
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 
-SECRET_KEYS = {"env", "notify"}  # stage env: values and webhook URLs are secrets (README "Secrets")
+SECRET_KEYS = {"env", "notify"}  # stage env: values and webhook URLs are secrets (docs/operations.md, "Secrets")
 
 
 def _showable(loc: tuple, value) -> bool:
@@ -596,10 +598,24 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(current, "model_fields", {}))
 
 
-PROFILE_KEYS = {"hosts", "vars", "stages", "notify", "web", "description", "gates"}
+PROFILE_KEYS = {"hosts", "vars", "env", "stages", "notify", "web", "description", "gates"}
 
 
-def check_name(kind: str, name: object, where: str) -> None:
+class _Where:
+    """Where an error is, worked out only when one is raised: finding the file that holds a key
+    walks the merged files, ~350 times for nothing on every load of a valid config."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __str__(self) -> str:
+        return self.fn()
+
+    def __format__(self, spec: str) -> str:
+        return format(self.fn(), spec)
+
+
+def check_name(kind: str, name: object, where: str | _Where) -> None:
     """Host, stage and profile names become file names, run ids and crontab lines: letters, digits,
     `_`, `.`, `-`, starting with a letter or digit (so no `/`, `..`, newline or option-like `-x`)."""
     if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name) or len(name) > 64:
@@ -643,7 +659,7 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             raise ConfigError(f"{prof_file}: unknown key(s) {', '.join(sorted(unknown))}; "
                               f"a profile may set: {', '.join(sorted(PROFILE_KEYS))}")
     prof_lab = {k: prof_raw[k] for k in ("hosts", "notify", "web") if k in prof_raw}
-    prof_pipe = {k: prof_raw[k] for k in ("vars", "stages", "gates") if k in prof_raw}
+    prof_pipe = {k: prof_raw[k] for k in ("vars", "env", "stages", "gates") if k in prof_raw}
     lab = _validate(LabConfig, _deep_merge(lab_raw, prof_lab), [lab_file, prof_file], [lab_raw, prof_lab])
     pipe = _validate(PipelineConfig, _deep_merge(pipe_raw, prof_pipe), [pipe_file, prof_file],
                      [pipe_raw, prof_pipe])
@@ -651,9 +667,9 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
     lab_at = lambda *loc: key_file(loc, lab_files, [lab_raw, prof_lab])  # the file holding a key
     pipe_at = lambda *loc: key_file(loc, pipe_files, [pipe_raw, prof_pipe])
     for name in lab.hosts:
-        check_name("host", name, f"{lab_at('hosts', name)}: hosts")
+        check_name("host", name, _Where(lambda name=name: f"{lab_at('hosts', name)}: hosts"))
     for name in pipe.stages:
-        check_name("stage", name, f"{pipe_at('stages', name)}: stages")
+        check_name("stage", name, _Where(lambda name=name: f"{pipe_at('stages', name)}: stages"))
     for name, h in lab.hosts.items():
         h.name = name
         if h.reach == "slurm" and h.slurm is None:
@@ -669,6 +685,7 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
         pipe.stages[name].host = host
     for name, s in pipe.stages.items():
         s.name = name
+        s.env = {**pipe.env, **s.env}
 
         def where(key: str, stage: str = name) -> str:
             return f"{pipe_at('stages', stage, key)}: stages.{stage}.{key}"
@@ -715,7 +732,8 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
         for key in ("command", "env", "inputs", "outputs"):
             value = getattr(s, key)
             for v in value.values() if isinstance(value, dict) else value:
-                render_template(v, variables, f"stage {s.name!r} in {pipe_at('stages', s.name, key)}")
+                render_template(v, variables, _Where(lambda s=s, key=key: f"stage {s.name!r} in "
+                                                                          f"{pipe_at('stages', s.name, key)}"))
     from . import placement, side_jobs  # the transfers this placement needs become stages of their own
     side_jobs.add_smoke_stages(cfg)
     placement.add_transfer_stages(cfg)

@@ -8,13 +8,17 @@ big ones (hidden states run to hundreds of GB) are fingerprinted by name and siz
 Layout (schema 1):
   {"schema": 1, "stage": "vocab", "created_at": "...", "params": {...}, "counts": {...},
    "files": {"d2t.npy": {"size": 8, "sha256": "..."}, ...}, "total_bytes": 123,
-   "fingerprint": "sha256 of params + files", "extra": {...}}
+   "fingerprint": "sha256 of params + files", "extra": {...}, "run_id": "vocab-20261204T…" }
+`run_id` (when written under jobwrap, from EAGLELAB_RUN_ID) names the run that wrote it: a run whose
+wrapper died is `completed` when every output carries a sound manifest of its own run_id
+(eaglelab.host.hostside.outputs_done), not redone.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -62,6 +66,8 @@ def write(out_dir: str | Path, stage: str, files: Iterable[Path], params: dict |
            "counts": counts or {}, "files": described,
            "total_bytes": sum(e["size"] for e in described.values()),
            "fingerprint": fingerprint(params, described, counts), "extra": extra or {}}
+    if os.environ.get("EAGLELAB_RUN_ID"):  # the run that wrote it (jobwrap sets it for every stage)
+        doc["run_id"] = os.environ["EAGLELAB_RUN_ID"]
     atomic_write_json(out_dir / name, doc)
     return doc
 

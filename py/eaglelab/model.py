@@ -13,6 +13,7 @@ Every shape allows keys it does not declare: the contracts add fields, never cha
 """
 
 
+import functools
 import signal as _signal
 import types
 from enum import Enum, StrEnum
@@ -49,6 +50,7 @@ class Meta(TypedDict, total=False):
     command: list[str]
     cwd: str | None
     kind: str
+    outputs: list[str]   # the stage's outputs (rendered; relative to cwd): their manifests can prove its end
     env_keys: list[str]  # the stage's env names; their values travel in env.json (0600), not here
     launched_at: str | None
     started_at: str | None
@@ -71,6 +73,8 @@ class Exit(TypedDict, total=False):
     orphans: bool
     error: str | None
     failure: dict[str, Any] | None  # what jobwrap itself saw (disk_full), when the log could not say it
+    outputs_done: str | None  # written in the lost wrapper's place: the outputs' manifests of this run
+    recorded_by: str | None   # who wrote it when jobwrap could not (`lab stop`, a report)
 
 
 class RunRecord(TypedDict, total=False):
@@ -111,6 +115,7 @@ class HostReport(TypedDict, total=False):
     checked_at: str | None
     free_disk_bytes: int | None
     load: list[float] | None
+    runs_dir: str | None  # the folder of run directories read (a live run the report lacks is missing)
 
 
 # The run record's fields, in one place: the registry's columns and `lab status --json` use them.
@@ -121,10 +126,15 @@ class BadRecord(ValueError):
     """A file or an answer of the wrong shape; the message says which and what is wrong."""
 
 
+@functools.cache
+def _parts(tp: Any) -> tuple[Any, tuple]:
+    return get_origin(tp), get_args(tp)
+
+
 def _conforms(value: Any, tp: Any) -> bool:
     if tp is Any:
         return True
-    origin, args = get_origin(tp), get_args(tp)
+    origin, args = _parts(tp)
     if origin in (Union, types.UnionType):
         return any(_conforms(value, a) for a in args)
     if tp is type(None):
@@ -146,6 +156,11 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+@functools.cache
+def _hints(shape: type) -> dict[str, Any]:
+    return get_type_hints(shape)  # resolved once per shape: a host's report checks ~50 records
+
+
 def check(shape: type, data: Any, where: str) -> dict:
     """data if it is a JSON object of that shape (required keys present, declared keys of the
     declared types; other keys allowed), else BadRecord naming `where`, the key and what is wrong."""
@@ -154,7 +169,7 @@ def check(shape: type, data: Any, where: str) -> dict:
     missing = [k for k in shape.__required_keys__ if k not in data]
     if missing:
         raise BadRecord(f"{where}: missing {', '.join(missing)} ({shape.__name__})")
-    for key, tp in get_type_hints(shape).items():
+    for key, tp in _hints(shape).items():
         if key in data and not _conforms(data[key], tp):
             raise BadRecord(f"{where}: {key} is {data[key]!r:.80}, expected {_type_name(tp)} ({shape.__name__})")
     return data
@@ -169,16 +184,17 @@ class Ending(NamedTuple):
 
 def decide_end(exit_code: int | None, signal: int | None, *, stop_requested: bool = False,
                named: dict | None = None, last_line: str | None = None,
-               signal_name: str | None = None) -> Ending:
+               signal_name: str | None = None, outputs_done: bool = False) -> Ending:
     """How a run ended, from its exit status and what its log said (`named`: the parser's failure).
 
-    Exit 0 is completed. A stop somebody asked for (`lab stop`, TERM/INT, exit 130) is killed.
+    Exit 0 is completed; so is a run whose exit status nobody saw (its wrapper was killed) when every
+    output carries a sound manifest written by this very run (`outputs_done`: the stage finished). A stop somebody asked for (`lab stop`, TERM/INT, exit 130) is killed.
     Any other end is failed, with the reason the log named, else the one the exit status suggests:
     SIGKILL or 137 → host_oom_killed (the kernel's OOM killer is the usual sender), 124 → timeout,
     else `other` with the log's last line. jobwrap (exit.json), the parser (state JSON), the
     registry and the notifications all use this function, so a run never ends two ways.
     """
-    if exit_code == 0 and signal is None:
+    if signal is None and (exit_code == 0 or exit_code is None and outputs_done):
         return Ending(RunState.COMPLETED, None)
     if stop_requested or signal in (_signal.SIGTERM, _signal.SIGINT) or exit_code == 130:
         return Ending(RunState.KILLED, None)

@@ -1,4 +1,4 @@
-"""Side jobs: what runs beside the pipeline's current stage instead of after it (README "Foresight").
+"""Side jobs: what runs beside the pipeline's current stage instead of after it (docs/foresight.md).
 
 Two kinds, one trigger (`during: {stage, after}`: once that stage's run has made `after` units):
   a pilot     a job declared with `during:` (the first N synth rows through a short pipeline)

@@ -1,6 +1,7 @@
 """`lab`: the command line. Callbacks parse, call the core (lab.Lab, status.collect), format.
 
-Core commands live here; every other concern adds its commands in eaglelab/control/commands/.
+Core commands live here; every other concern adds its commands in eaglelab/control/commands/,
+whose module is imported only when one of its commands is named (commands.INDEX).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from eaglelab import __version__
 from eaglelab.errors import EaglelabError
 from eaglelab.model import exit_text
 
-from .commands import all_commands
+from . import commands
 from .lab import ACTIVE, Lab, exit_code_of
 
 
@@ -33,7 +34,17 @@ class _Ctx:
 pass_ctx = click.make_pass_decorator(_Ctx)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LabGroup(click.Group):
+    """The core commands defined here, and those of commands/, found by name when asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *commands.INDEX})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return super().get_command(ctx, name) or commands.command(name)
+
+
+@click.group(cls=_LabGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--conf", envvar="EAGLELAB_CONF", metavar="DIR", help="Config directory (default: <repo>/conf).")
 @click.option("--profile", envvar="EAGLELAB_PROFILE", help="Profile from conf/profiles/ (default: lab.yaml's).")
 @click.version_option(package_name=None, version=__version__)
@@ -140,10 +151,6 @@ def stop(c: _Ctx, target: str, grace: float | None) -> None:
     how = exit_text(final)
     click.echo(f"lab: {final['id']} {final['state']}{f' ({how})' if how else ''} "
                f"after {time.time() - t0:.1f} s{extra}")
-
-
-for _cmd in all_commands():
-    cli.add_command(_cmd)
 
 
 def main() -> None:

@@ -5,6 +5,10 @@ Evidence, best last:
   checkpoint  offline acceptance of the current train run's latest checkpoint (its log's
               `acceptance/rate=..., acceptance/mean_length=...` lines, eaglelab.stages.acceptance)
   eval        the served measurement (the eval stage's manifest: acceptance, speedup, verdict)
+An offline forecast's headline is vLLM's greedy restart chain (`acceptance/chain_rate`) where the
+estimate made one (else the every-start average, kept as `all_starts`); `sampled` is the expected
+acceptance of speculative sampling at the eval's temperature (`acceptance/sampled_rate`). The eval's
+`sampled` is its served sampled cell, so each forecast stands beside the figure it forecasts.
 An eval counts only when it ran after the current train run started (else it measured an older drafter).
 Beside the ranking: `served_checkpoint`, the serving smoke's figures (smoke-serve_eval, a checkpoint
 served by vLLM while training ran: its `served/acceptance_rate=...` line), from a completed smoke run
@@ -24,6 +28,8 @@ from eaglelab.fsutil import atomic_write_json, read_json, utcnow_iso
 from eaglelab.side_jobs import SMOKE_PREFIX
 
 RATE, LENGTH = "acceptance/rate", "acceptance/mean_length"
+CHAIN_RATE, CHAIN_LENGTH = "acceptance/chain_rate", "acceptance/chain_mean_length"
+SAMPLED_RATE, SAMPLED_LENGTH = "acceptance/sampled_rate", "acceptance/sampled_mean_length"
 SERVED_RATE, SERVED_LENGTH, SERVED_EPOCH = "served/acceptance_rate", "served/mean_acceptance_length", "served/epoch"
 STORE = "forecast.json"
 HISTORY_KEEP = 20
@@ -51,18 +57,49 @@ def verdict(rate: float, mean_len: float, speedup: float | None) -> tuple[str, l
     return v, reasons
 
 
-def offline_evidence(run: dict) -> dict | None:
-    """The last offline estimate in a run's log state, and how many there were; None without any."""
-    metrics = (run.get("log_state") or {}).get("metrics") or {}
-    rate, length = metrics.get(RATE) or [], metrics.get(LENGTH) or []
-    if not rate or not length:
-        return None
+def _last_pair(metrics: dict, rate_key: str, length_key: str) -> dict | None:
+    """{acceptance_rate, mean_acceptance_length} from the last values of two metric series, None without."""
     try:
-        r, n = float(rate[-1][1]), float(length[-1][1])
-    except (TypeError, ValueError, IndexError):
+        return {"acceptance_rate": float(metrics[rate_key][-1][1]),
+                "mean_acceptance_length": float(metrics[length_key][-1][1])}
+    except (KeyError, TypeError, ValueError, IndexError):
         return None
-    return {"acceptance_rate": r, "mean_acceptance_length": n, "checkpoints": len(rate),
-            "curve": [[p[0], p[1]] for p in rate], "run": run.get("id"), "stage": run.get("stage")}
+
+
+def offline_evidence(run: dict) -> dict | None:
+    """The last offline estimate in a run's log state, and how many there were; None without any.
+    Headline: the greedy chain (as vLLM drafts) when the estimate made one, else the every-start average."""
+    metrics = (run.get("log_state") or {}).get("metrics") or {}
+    every = _last_pair(metrics, RATE, LENGTH)
+    if every is None:
+        return None
+    greedy = _last_pair(metrics, CHAIN_RATE, CHAIN_LENGTH)
+    # a chain figure from the same line as the last every-start one (an older estimate made none)
+    if greedy is not None and len(metrics.get(CHAIN_RATE) or []) != len(metrics[RATE]):
+        greedy = None
+    curve = metrics[CHAIN_RATE] if greedy is not None else metrics[RATE]
+    return {**(greedy or every), "greedy": greedy, "all_starts": every,
+            "sampled": _last_pair(metrics, SAMPLED_RATE, SAMPLED_LENGTH),
+            "checkpoints": len(metrics[RATE]), "curve": [[p[0], p[1]] for p in curve], "run": run.get("id"),
+            "stage": run.get("stage")}
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def served_sampled(extra: dict) -> dict | None:
+    """The eval manifest's served sampled figures: its `sampled` (eval at the decided concurrency), or an
+    older manifest's sampled sweep cell at that concurrency (a rate only); None without a sampled sweep."""
+    sd = extra.get("sampled")
+    if isinstance(sd, dict) and _num(sd.get("acceptance_rate")) is not None:
+        return {"acceptance_rate": _num(sd["acceptance_rate"]),
+                "mean_acceptance_length": _num(sd.get("mean_acceptance_length"))}
+    at = str(extra.get("decided_at") or "").split(",")[0].replace("concurrency", "").strip()
+    cells = [c for c in extra.get("sweep") or [] if isinstance(c, dict) and c.get("sampling") == "sampled"
+             and _num(c.get("acceptance_rate")) is not None]
+    cell = next((c for c in cells if str(c.get("concurrency")) == at), cells[-1] if cells else None)
+    return {"acceptance_rate": _num(cell["acceptance_rate"]), "mean_acceptance_length": None} if cell else None
 
 
 def served_evidence(run: dict) -> dict | None:
@@ -84,7 +121,7 @@ def eval_evidence(lab, stage_name: str, run_id: str | None = None) -> dict | Non
     memo_path = lab.cfg.logs_dir / STORE
     if run_id:
         memo = ((read_json(memo_path) or {}).get("evals") or {}).get(run_id)
-        if isinstance(memo, dict):
+        if isinstance(memo, dict) and "sampled" in memo:  # (a memo from before sampled figures: read again)
             return memo
     stage = lab.cfg.stage(stage_name)
     spec = lab.launch_spec(stage)
@@ -104,7 +141,8 @@ def eval_evidence(lab, stage_name: str, run_id: str | None = None) -> dict | Non
         if doc.get("stage") == "eval" and isinstance(extra.get("acceptance_rate"), (int, float)):
             found = {"acceptance_rate": float(extra["acceptance_rate"]),
                      "mean_acceptance_length": float(extra.get("mean_acceptance_length") or 1.0),
-                     "speedup": extra.get("speedup"), "verdict": extra.get("verdict")}
+                     "speedup": extra.get("speedup"), "verdict": extra.get("verdict"),
+                     "sampled": served_sampled(extra)}
             break
     if found is not None and run_id:
         store = read_json(memo_path) or {}
@@ -151,10 +189,12 @@ def make(lab, status: dict, now: float) -> dict | None:
         if ev is not None:
             offline = best if best and best["source"] != "eval" else None
             best = {"source": "eval", **ev, "run": ev_run.get("id"), "stage": name,
-                    "offline": {k: offline[k] for k in ("acceptance_rate", "mean_acceptance_length", "source")}
+                    "offline": {k: offline.get(k) for k in ("acceptance_rate", "mean_acceptance_length", "source",
+                                                             "sampled", "all_starts")}
                     if offline else None,
                     # the pilot's own forecast too, when the checkpoints' replaced it: both are compared
-                    "pilot": {k: pilot_ev[k] for k in ("acceptance_rate", "mean_acceptance_length")}
+                    "pilot": {k: pilot_ev[k] for k in ("acceptance_rate", "mean_acceptance_length", "sampled")
+                              if k != "sampled" or pilot_ev.get(k)}
                     if pilot_ev is not None and (offline or {}).get("source") != "pilot" else None}
     if best is None:
         return None
@@ -192,7 +232,8 @@ def remember(path: Path, forecast: dict | None, now: float) -> dict:
         if tr:
             entry = store["pipelines"].setdefault(tr, {"train_run": tr})
             if forecast["source"] in ("pilot", "checkpoint"):
-                fc = {k: forecast[k] for k in ("acceptance_rate", "mean_acceptance_length", "source", "made_at")}
+                fc = {k: forecast.get(k) for k in ("acceptance_rate", "mean_acceptance_length", "source", "made_at",
+                                                   "sampled")}
                 if entry.get("forecast") != fc:
                     entry["forecast"], changed = fc, True
             elif forecast["source"] == "eval" and entry.get("eval") is None:
@@ -205,7 +246,7 @@ def remember(path: Path, forecast: dict | None, now: float) -> dict:
                             != (off.get("acceptance_rate"), off.get("source"))):
                     entry["forecast"] = {**off, "made_at": None}  # made_at: None = not seen while it trained
                 entry["eval"] = {k: forecast.get(k) for k in ("acceptance_rate", "mean_acceptance_length", "speedup",
-                                                              "verdict")}
+                                                              "verdict", "sampled")}
                 entry["eval"]["at"] = forecast["made_at"]
                 changed = True
             entry.setdefault("first_seen", utcnow_iso(now))
@@ -227,10 +268,16 @@ def comparisons(store: dict) -> list[dict]:
         f, ev = e.get("forecast"), e.get("eval")
         if not f or not ev:
             continue
+        fs, es = f.get("sampled") or {}, ev.get("sampled") or {}
+        both = _num(fs.get("acceptance_rate")) is not None and _num(es.get("acceptance_rate")) is not None
         out.append({"train_run": e["train_run"], "forecast_rate": f["acceptance_rate"], "eval_rate": ev["acceptance_rate"],
                     "error": f["acceptance_rate"] - ev["acceptance_rate"],
                     "forecast_length": f["mean_acceptance_length"], "eval_length": ev["mean_acceptance_length"],
-                    "forecast_at": f.get("made_at"), "eval_at": ev.get("at"), "source": f.get("source")})
+                    "forecast_at": f.get("made_at"), "eval_at": ev.get("at"), "source": f.get("source"),
+                    # the sampled forecast beside the served sampled cell (None where either is missing)
+                    "forecast_sampled_rate": fs.get("acceptance_rate") if both else None,
+                    "eval_sampled_rate": es.get("acceptance_rate") if both else None,
+                    "sampled_error": fs["acceptance_rate"] - es["acceptance_rate"] if both else None})
     return sorted(out, key=lambda c: c.get("eval_at") or "", reverse=True)
 
 
@@ -259,5 +306,9 @@ def describe(fc: dict | None) -> str:
     sv = fc.get("served_checkpoint") or {}
     served = (f"; served checkpoint {sv.get('epoch')}: acceptance {sv['acceptance_rate']:.1%}, mean length "
               f"{sv['mean_acceptance_length']:.2f}") if isinstance(sv.get("acceptance_rate"), (int, float)) else ""
+    sd = fc.get("sampled") or {}
+    sampled = (f"; sampled: acceptance {sd['acceptance_rate']:.1%}"
+               + (f", mean length {sd['mean_acceptance_length']:.2f}" if _num(sd.get("mean_acceptance_length")) else "")
+               ) if _num(sd.get("acceptance_rate")) is not None else ""
     return (f"{fc['verdict']}: acceptance {fc['acceptance_rate']:.1%}, mean length {fc['mean_acceptance_length']:.2f}"
-            f"{sp} (from {fc['source']}{age}){served}")
+            f"{sp} (from {fc['source']}{age}){sampled}{served}")

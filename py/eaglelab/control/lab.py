@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from filelock import FileLock
-
 from eaglelab import __version__
 from eaglelab import config as config_mod
 from eaglelab.config import Config, StageConfig
@@ -27,8 +25,13 @@ from eaglelab.errors import EaglelabError, HostError, StageError
 from eaglelab.fsutil import parse_iso
 from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, check, exit_text
 
-from . import preflight, stage_code
+from . import preflight, services, stage_code
 from .executors import Executor, HostUnreachable, for_host
+
+# The longest a wait asks a host to watch a run before the controller looks again (gates, side jobs,
+# the other hosts): an end is still seen within hostside.AWAIT_STEP_S of it.
+AWAIT_S = 5.0
+MISSING_CONFIRM_S = 0.5  # between the report that lacks a live run and the one that confirms it
 
 
 class Lab:
@@ -83,18 +86,18 @@ class Lab:
             code = {"eaglelab": __version__}
             for arg in spec["command"]:
                 if stage_code.module_path(arg, self.code_root) is not None:
-                    code.update(stage_code.code_digest(arg, self.code_root))
+                    code.update(stage_code.code_digest(arg, self.code_root, cache=self.cfg.logs_dir / "stage_code.json"))
             return code
 
         spec = spec or self.launch_spec(stage)
         digest = self.executor(stage.host).inputs_digest(spec["inputs"], spec["cwd"]) if spec["inputs"] else {}
         payload = {k: spec[k] for k in ("stage", "host", "kind", "command", "env", "inputs", "outputs")}
-        services = {}
+        needed = {}
         for name in stage.needs:  # their command, env and code; their inputs are the stage's business
             svc = self.launch_spec(self.cfg.stage(name))
-            services[name] = {"spec": {k: svc[k] for k in ("host", "command", "env")}, "code": code_of(svc)}
+            needed[name] = {"spec": {k: svc[k] for k in ("host", "command", "env")}, "code": code_of(svc)}
         blob = json.dumps({"spec": payload, "inputs": digest, "code": code_of(spec),
-                           **({"services": services} if services else {})}, sort_keys=True)
+                           **({"services": needed} if needed else {})}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     # -- the hosts' truth into the registry ---------------------------------------------------
@@ -117,7 +120,23 @@ class Lab:
                     report = checked_report(name, report)
                 self.registry.sync_host(name, report, err, as_of=asked_at)
                 errors[name] = err
+                if report is not None and self.registry.missing_from(name, report, stage, asked_at):
+                    self._confirm_missing(name, stage)
         return errors
+
+    def _confirm_missing(self, host: str, stage: str | None) -> None:
+        """Live runs of the registry that the host's report lacks (their directory vanished or became
+        unreadable: a wiped host, a replaced disk) are ended `lost`, with the reason, once a second
+        report, asked for after the first, confirms it; until then nothing changes. Otherwise they
+        would stay `running` forever: attached to, waited on, never run again."""
+        time.sleep(MISSING_CONFIRM_S)
+        asked_at = time.time()
+        try:
+            report = checked_report(host, self.executor(host).report(stage))
+        except HostUnreachable:
+            return  # not confirmed: they keep their state until a host answers
+        self.registry.sync_host(host, report, None, as_of=asked_at)
+        self.registry.end_missing(host, self.registry.missing_from(host, report, stage, asked_at))
 
     def latest(self, stage: str) -> dict | None:
         return self.registry.latest(stage)
@@ -206,6 +225,7 @@ class Lab:
                 if rec["state"] != "completed":
                     return rec
         self._check_dependencies(stage)
+        from filelock import FileLock  # ~20 ms to import (it brings asyncio); only a launch takes a lock
         lock = FileLock(str(self.cfg.logs_dir / "locks" / f"stage-{name}.lock"))
         (self.cfg.logs_dir / "locks").mkdir(parents=True, exist_ok=True)
         with lock:
@@ -240,7 +260,6 @@ class Lab:
             return rec
         final = self.wait(rec, out=out if follow else None)
         if reap and stage.needs:  # its services may be idle now: stopped after their keep-alive
-            from . import services
             services.schedule_reap(self)
         return final
 
@@ -281,20 +300,21 @@ class Lab:
             return latest
         return self.run(name, wait=True, out=out)
 
-    def is_ready(self, svc: StageConfig, rec: dict) -> bool:
+    def is_ready(self, svc: StageConfig, rec: dict, wait_s: float = 0.0) -> bool:
         """Asked on the service's host, one round trip (never from here: a port of the same number on
-        the controller says nothing about the service, and its log stays where it is)."""
+        the controller says nothing about the service, and its log stays where it is); the host asks
+        again itself for up to wait_s."""
         ready = svc.ready
         if ready is None:
             return True
         url = self.cfg.render(svc, ready.url, self.cfg.vars_for(svc)) if ready.url else None
-        return self.executor(svc.host).ready(rec["id"], url, ready.log_regex)
+        return self.executor(svc.host).ready(rec["id"], url, ready.log_regex, wait_s)
 
     def wait_ready(self, svc: StageConfig, rec: dict, out: TextIO) -> None:
         deadline = time.time() + (svc.ready.timeout_s if svc.ready else 0)
         print(f"lab: waiting for service {svc.name} ({rec['id']}) to be ready", file=out)
         while True:
-            if self.is_ready(svc, rec):
+            if self.is_ready(svc, rec, wait_s=min(AWAIT_S, max(0.0, deadline - time.time()))):
                 print(f"lab: service {svc.name} is ready", file=out)
                 return
             self.refresh([svc.host], stage=svc.name)
@@ -305,7 +325,6 @@ class Lab:
             if time.time() > deadline:
                 raise StageError(f"service {svc.name!r} not ready after {svc.ready.timeout_s:.0f} s; "
                                  f"see `lab logs {cur['id']}` (ready.timeout_s raises the limit)")
-            time.sleep(0.5)
 
     def _free_gpus_for(self, stage: StageConfig, out: TextIO) -> None:
         """Stop running services on the stage's host whose GPUs it needs (the seeds stopped the
@@ -351,7 +370,17 @@ class Lab:
             gate_watch(cur, out)
             if self.side_runs is not None:  # the pilot / the next stage's smoke, started beside this run
                 self.side_runs.poll(cur)
+            # Then wait on the host for the run to end (or, when following, for new log lines), up to
+            # AWAIT_S: over ssh every question starts a Python there, and a day-long stage needs no
+            # question twice a second. A side job still to start beside it is triggered by a count of
+            # units, seen only by asking: then ask every poll_s. Gates are looked at after each wait.
             time.sleep(poll_s)
+            if self.side_runs is not None and self.side_runs.awaited_beside(rec["stage"]):
+                continue
+            try:
+                ex.await_change(rec["id"], AWAIT_S - poll_s, offset if out is not None else None)
+            except HostUnreachable:
+                pass  # the next refresh says what is known of the host
 
     @staticmethod
     def _pump_log(ex: Executor, run_id: str, offset: int, out: TextIO) -> int:
@@ -385,14 +414,24 @@ class Lab:
         if grace_s is None:
             st = self.cfg.stages.get(rec["stage"])
             grace_s = st.stop_grace_s if st else 30.0
-        final = self.executor(rec["host"]).stop(rec["id"], grace_s)
+        try:
+            final = self.executor(rec["host"]).stop(rec["id"], grace_s)
+        except HostUnreachable:
+            raise
+        except HostError as e:  # its directory vanished or is damaged: a ghost, ended once confirmed
+            self.refresh([rec["host"]], stage=rec["stage"])
+            now = self.registry.get(rec["id"]) or rec
+            if now["state"] not in ACTIVE:
+                raise HostError(f"{e}; recorded {now['state']}{_end_detail(now)}: {now.get('end_unknown')}") from None
+            raise
         self.registry.upsert(final)
         return self.registry.get(rec["id"]) or final
 
     def pipeline(self, force: bool = False, keep_services: bool = False, follow: bool = True,
                  out: TextIO = sys.stdout) -> PipelineResult:
         """Every job in dependency order, each only if needed, stopping at the first that does not
-        complete; services are stopped however it ends (Ctrl-C included) unless keep_services.
+        complete; services are stopped however it ends (Ctrl-C included) unless keep_services, each
+        only when no live run needs it (a job a Ctrl-C left running keeps its service: stop_services).
         `lab pipeline` and a cron firing both call this."""
         from . import gates
         from .side_runs import SideRuns
@@ -431,17 +470,37 @@ class Lab:
                 side.finish()  # a pilot still running: its forecast belongs to this pipeline
         finally:
             self.side_runs = None
-            if not keep_services:
-                self.stop_services(out=out)
+            if not keep_services:  # however it ends (Ctrl-C included), but never under a live job
+                kept = self.stop_services(out=out)
+                if kept:  # stopped once idle past their keep-alive, with nobody watching
+                    services.reap_later(self, 1)
         return result
 
-    def stop_services(self, out: TextIO, keep: Callable[[str], bool] = lambda n: False, why: str = "") -> None:
-        for name, s in self.cfg.stages.items():
-            if s.kind == "service" and not keep(name):
-                latest = self.latest(name)
-                if latest and latest["state"] in ACTIVE:
-                    print(f"lab: stopping service {name} ({latest['id']}){': ' + why if why else ''}", file=out)
-                    self.stop(latest["id"])
+    def stop_services(self, out: TextIO, keep: Callable[[str], bool] = lambda n: False, why: str = "") -> list[str]:
+        """Stop the running services not kept, except those in use: a service is stopped only when
+        no live run needs it, whichever controller started that run (this pipeline's own job left
+        running by a Ctrl-C, another pipeline's, a cron firing's), as the hosts report it now.
+        Returns the services left running because they are in use."""
+        names = [n for n, s in self.cfg.stages.items() if s.kind == "service" and not keep(n)
+                 and (self.latest(n) or {}).get("state") in ACTIVE]
+        if not names:
+            return []
+        services.refresh_for(self, names)
+        kept = []
+        for name in names:
+            latest = self.latest(name)
+            if not latest or latest["state"] not in ACTIVE:
+                continue
+            users = services.in_use(self, name)
+            if users:
+                busy = ", ".join(f"{u['stage']} ({u['id']}, {u['state']})" for u in users)
+                print(f"lab: keeping service {name} ({latest['id']}): in use by {busy}; it stops once idle for "
+                      f"its keep_alive_s", file=out)
+                kept.append(name)
+                continue
+            print(f"lab: stopping service {name} ({latest['id']}){': ' + why if why else ''}", file=out)
+            self.stop(latest["id"])
+        return kept
 
 
 @dataclass

@@ -16,6 +16,7 @@ Bodies: `generic` (JSON, schema 1), `slack` ({"text", "blocks"}), `ntfy` (plain 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -25,8 +26,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -313,26 +312,33 @@ class WebhookRefused(Exception):
     """A URL or an answer that a webhook post does not follow (not http(s), a redirect)."""
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A webhook answers 2xx or fails: a redirect is never followed (it would send the message,
-    or a GET carrying the secret path's answer, wherever the server points: another host, file:)."""
+@functools.cache
+def _opener():
+    """urllib's opener for webhooks, made on the first post: urllib.request (ssl, http.client) takes
+    ~10 ms to import, which every `lab` command that only watches the registry paid for nothing."""
+    import urllib.request
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise WebhookRefused(f"HTTP {code} redirect not followed (webhooks must answer 2xx themselves)")
+    class NoRedirects(urllib.request.HTTPRedirectHandler):
+        """A webhook answers 2xx or fails: a redirect is never followed (it would send the message,
+        or a GET carrying the secret path's answer, wherever the server points: another host, file:)."""
 
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            raise WebhookRefused(f"HTTP {code} redirect not followed (webhooks must answer 2xx themselves)")
 
-_OPENER = urllib.request.build_opener(_NoRedirects, urllib.request.HTTPHandler, urllib.request.HTTPSHandler)
+    return urllib.request.build_opener(NoRedirects, urllib.request.HTTPHandler, urllib.request.HTTPSHandler)
 
 
 def post(url: str, body: bytes, headers: dict[str, str], timeout: float = TIMEOUT_S) -> None:
     """One attempt; raises on a non-2xx answer, a redirect, a URL that is not http(s), or no answer."""
+    import urllib.request  # see _opener
+
     from eaglelab.config import webhook_url_problem
     problem = webhook_url_problem(url)
     if problem:
         raise WebhookRefused(problem)
     req = urllib.request.Request(url, data=body, headers={"User-Agent": "eaglelab-notify", **headers},
                                  method="POST")
-    with _OPENER.open(req, timeout=timeout) as r:
+    with _opener().open(req, timeout=timeout) as r:
         r.read(4096)
 
 
@@ -352,6 +358,7 @@ def _log(msg: str) -> None:
 
 
 def _attempt(db_path: Path, row: dict) -> None:
+    import urllib.error  # see _opener
     try:
         post(row["url"], row["body"], json.loads(row["headers"]))
         error = None

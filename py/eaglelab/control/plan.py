@@ -88,7 +88,7 @@ def make_plan(lab: Lab, stages: list[str] | None = None, force: bool = False,
     own, latest = {}, {}
     for name in order:
         action, reason, rec = lab.decide(name, force)
-        if lab.cfg.stage(name).during is not None and action != "attach":  # a side job (README "Foresight")
+        if lab.cfg.stage(name).during is not None and action != "attach":  # a side job (docs/foresight.md)
             action, reason = "beside", side_jobs.describe(lab.cfg, name)
         own[name] = (action, reason)
         latest[name] = rec["id"] if rec else None

@@ -148,8 +148,8 @@ class Registry:
             row["lost"] = int(bool(r.get("lost")))
             row["orphans"] = int(bool(r.get("orphans")))  # processes of the stage's group outlived it
             row["orphaned"] = int(bool(r.get("orphaned")))  # the wrapper died, the stage lives on
-            row["log_state"] = json.dumps(r["log_state"]) if r.get("log_state") is not None else None
-            row["slurm"] = json.dumps(r["slurm"]) if r.get("slurm") is not None else None  # job id, queue, nodes
+            row["log_state"] = r.get("log_state")  # JSON text when written (below)
+            row["slurm"] = r.get("slurm")  # job id, queue, nodes
             row["updated_at"] = now
             row["as_of"] = as_of
             if row["state"] not in STATES:
@@ -162,9 +162,14 @@ class Registry:
             # What the registry knew before, read under the write lock: of several processes
             # syncing the same change, exactly one writes (and its observers see) the transition.
             before = self._stored(db, [row["id"] for _, row in rows])
-            kept = [(r, row) for r, row in rows if supersedes(before.get(row["id"]), row)]
+            ok = [(r, row) for r, row in rows if supersedes(before.get(row["id"]), row)]
+            kept = [(r, row) for r, row in ok if not _same_end(before.get(row["id"]), row)]
             db.executemany(f"INSERT INTO runs ({cols}) VALUES ({marks}) ON CONFLICT(id) DO UPDATE SET {updates}",
-                           [row for _, row in kept])
+                           [_encoded(row) for _, row in kept])
+            # the same end heard again is still news as of then: a report asked for earlier stays older
+            written = {row["id"] for _, row in kept}
+            db.executemany("UPDATE runs SET as_of = ?, updated_at = ? WHERE id = ?",
+                           [(row["as_of"], row["updated_at"], row["id"]) for _, row in ok if row["id"] not in written])
         if self.observers and kept:
             changes = [(before.get(row["id"]), {**r, "id": row["id"], "state": row["state"]}) for r, row in kept]
             for observe in self.observers:
@@ -226,6 +231,45 @@ class Registry:
                            (host, since, prev["checked_at"] if prev else None,
                             json.dumps({"error": error, **(json.loads(prev["report"]) if prev and prev["report"]
                                                            else {})})))
+
+    def missing_from(self, host: str, report: dict, stage: str | None, asked_at: float) -> list[tuple[dict, str]]:
+        """The live runs (pending/running) the registry has on `host` that the host's report, asked
+        for at `asked_at`, lacks although their directory is in the folder it read (`runs_dir`): the
+        directory vanished, or is listed in `bad_runs` (unreadable). [(row, why)]. Rows written after
+        the report was asked for (a launch a moment ago) are not judged by it."""
+        root = report.get("runs_dir")
+        if not root:
+            return []  # an older host: it does not say what it read
+        ids = {r.get("id") for r in report.get("runs") or []}
+        bad = {b.get("run_dir"): b.get("error") for b in report.get("bad_runs") or [] if isinstance(b, dict)}
+        sql, args = "SELECT * FROM runs WHERE host = ? AND state IN (?, ?)", [host, *sorted(ACTIVE)]
+        if stage:
+            sql, args = sql + " AND stage = ?", [*args, stage]
+        with self._connect() as db:
+            live = [_row(r) for r in db.execute(sql, args)]
+        out = []
+        for row in live:
+            if row["id"] in ids or not row.get("run_dir"):
+                continue
+            if str(Path(row["run_dir"]).parent) != root or (row.get("as_of") or 0) > asked_at:
+                continue
+            why = bad.get(row["run_dir"]) or f"its run directory {row['run_dir']} is gone"
+            out.append((row, why))
+        return out
+
+    def end_missing(self, host: str, missing: list[tuple[dict, str]]) -> None:
+        """End runs the host confirmed it no longer has (missing_from, asked twice): `killed`, `lost`,
+        the reason in `end_unknown` (so it is not run again unasked: `lab run STAGE --force`)."""
+        now = utcnow_iso()
+        rows = []
+        for row, why in missing:
+            ls = row.get("log_state")
+            rows.append({**row, "state": RunState.KILLED.value, "lost": True, "orphaned": False, "ended_at": now,
+                         "end_unknown": f"host {host} no longer reports it: {why}",
+                         "log_state": {**ls, "state": RunState.KILLED.value, "stall": None, "lost": True}
+                         if isinstance(ls, dict) else ls})
+        if rows:
+            self.upsert_many(rows)
 
     def hosts(self) -> dict[str, dict]:
         with self._connect() as db:
@@ -311,6 +355,17 @@ def supersedes(stored: dict | None, incoming: dict) -> bool:
         return True
     stored_at, asked_at = stored.get("as_of"), incoming.get("as_of")
     return stored_at is None or asked_at is None or asked_at >= stored_at
+
+
+def _same_end(stored: dict | None, row: dict) -> bool:
+    """An ended run reported again exactly as stored: nothing to write (a refresh of a host with 50
+    finished runs rewrote 50 rows of JSON, ~40% of `lab status`'s own CPU) and nothing to observe."""
+    return (stored is not None and stored.get("state") in FINAL
+            and all(stored.get(c) == row.get(c) for c in COLUMNS if c not in ("updated_at", "as_of")))
+
+
+def _encoded(row: dict) -> dict:
+    return {**row, **{c: json.dumps(row[c]) if row[c] is not None else None for c in ("log_state", "slurm")}}
 
 
 def _restarts(run: dict) -> int:

@@ -246,9 +246,9 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
                           f"(first-run priors: input sizes x declared throughputs)"))
     fc = pipe.get("forecast")
     if isinstance(fc, dict) and isinstance(fc.get("acceptance_rate"), (int, float)):
-        from .forecast import describe  # README "Foresight"
+        from .forecast import describe  # docs/foresight.md
         console.print(esc("forecast: " + describe(fc)), markup=False, highlight=False)
-    for sj in pipe.get("side_jobs") or []:  # README "Foresight": a smoke's failure is the next stage's
+    for sj in pipe.get("side_jobs") or []:  # docs/foresight.md: a smoke's failure is the next stage's
         if sj.get("smoke_of") and sj.get("reason") and sj.get("current_config"):
             console.print(esc(f"{sj['smoke_of']} WILL FAIL: its smoke test {sj['run']} {sj['state']} beside "
                               f"{sj['beside']}: {sj['reason']} (lab logs {sj['run']})"), markup=False, highlight=False)

@@ -6,6 +6,10 @@ idle: it still holds its host's GPUs. An idle service is stopped when it has bee
 server between the two), whoever started it. `lab pipeline` stops a service as soon as no job left
 in the pipeline needs it; `lab run` leaves a detached `lab services --reap --after S` behind, so the
 stop happens even when nobody is watching; `lab web` reaps on every refresh.
+
+A service is *in use* while any stage that `needs` it has a live run, whichever controller started
+it (another pipeline, a cron firing, a job left running by a Ctrl-C): nothing here, nor
+`lab pipeline` however it ends, stops a service in use (`in_use`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,24 @@ from eaglelab.fsutil import parse_iso, utcnow_iso
 from eaglelab.model import ACTIVE
 
 
+def users_of(lab, name: str) -> list[str]:
+    """The stages that `need` service `name`."""
+    return [n for n, s in lab.cfg.stages.items() if name in s.needs]
+
+
+def in_use(lab, name: str) -> list[dict]:
+    """The live runs (pending or running) of the stages that need service `name`, as the registry
+    has them: whoever started them. Refresh the hosts first (`refresh_for`) to ask them."""
+    return [r for n in users_of(lab, name) if (r := lab.latest(n)) and r["state"] in ACTIVE]
+
+
+def refresh_for(lab, names: list[str]) -> dict[str, str | None]:
+    """Ask the hosts of these services and of every stage that needs them (one round trip each):
+    a run another controller started is known to its host, not necessarily to our registry."""
+    hosts = {lab.cfg.stage(n).host for n in names} | {lab.cfg.stage(u).host for n in names for u in users_of(lab, n)}
+    return lab.refresh([h for h in lab.cfg.hosts if h in hosts]) if hosts else {}
+
+
 def usage(lab, now: float | None = None) -> list[dict]:
     """Every running service: in use (by which jobs) or idle (since when, stops when), GPUs held."""
     now = time.time() if now is None else now
@@ -30,8 +52,8 @@ def usage(lab, now: float | None = None) -> list[dict]:
         rec = lab.latest(name)
         if not rec or rec["state"] not in ACTIVE:
             continue
-        users = [n for n, s in lab.cfg.stages.items() if name in s.needs]
-        busy = [n for n in users if (lab.latest(n) or {}).get("state") in ACTIVE]
+        users = users_of(lab, name)
+        busy = [r["stage"] for r in in_use(lab, name)]
         started = parse_iso(rec.get("started_at")) or now
         ends = [parse_iso((lab.latest(n) or {}).get("ended_at")) for n in users]
         idle_since = max([started, *[e for e in ends if e is not None and e >= started]])
@@ -72,15 +94,23 @@ def reap_later(lab, after_s: float) -> None:
 
 
 def reap_until_none_idle(lab, after_s: float, out: TextIO) -> None:
-    """`lab services --reap --after S`: wait, reap; while services stay idle, wait for the next one."""
+    """`lab services --reap --after S`: wait, reap; while services stay idle, wait for the next one;
+    while one is in use (a job left running by a Ctrl-C of `lab pipeline`), look again now and then
+    (every keep_alive_s, 30 s at most), so that it is stopped once idle past its keep-alive too."""
     time.sleep(max(0.0, after_s))
-    while True:
-        lab.refresh()
-        reap(lab, out)
-        idle = [u for u in usage(lab) if not u["in_use_by"]]
-        if not idle:
-            return
-        time.sleep(max(1.0, min(u["stops_in_s"] for u in idle) + 1))
+    (lab.cfg.logs_dir / "locks").mkdir(parents=True, exist_ok=True)
+    # one reaper polls at a time (it watches every service until none runs); others wait their turn
+    from filelock import FileLock  # ~20 ms to import (asyncio): only the reaper takes this lock
+
+    with FileLock(str(lab.cfg.logs_dir / "locks" / "services-reap.lock")):
+        while True:
+            lab.refresh()
+            reap(lab, out)
+            rows = usage(lab)
+            waits = [u["stops_in_s"] + 1 if not u["in_use_by"] else min(30.0, u["keep_alive_s"]) for u in rows]
+            if not waits:
+                return
+            time.sleep(max(1.0, min(waits)))
 
 
 def schedule_reap(lab) -> None:

@@ -62,6 +62,11 @@ class SideRuns:
                          f"and it is worth running only beside {trigger['stage']}")
         self.follow()
 
+    def awaited_beside(self, stage: str) -> bool:
+        """A side job still to start beside this stage: its trigger is a count of units, seen only
+        by asking, so the wait keeps asking often (lab.Lab.wait)."""
+        return any(n not in self.started and self.lab.cfg.stage(n).during.stage == stage for n in self.names)
+
     def _due_on(self, current: dict | None) -> bool:
         """A side job due on the run the pipeline waits on: a check of the record it has just read, no I/O,
         so it is made at every wait step, not every POLL_S (a short extraction's window is seconds)."""

@@ -10,13 +10,17 @@ are not followed: requirements.lock pins them. Imports under `if TYPE_CHECKING:`
 not count; those under `if __name__ == "__main__":` run only when the file is the program (a stage's
 `-m`): like the strings, they belong to the closure but not to the graph of what imports what
 (`Source.library`, tests/test_import_graph.py). A file is read and parsed once per process while its
-size and mtime stay the same.
+size and mtime stay the same; across processes, `code_digest(..., cache=FILE)` keeps what each file
+named, keyed by the file's content digest and by the set of the package's module files (what a name
+resolves to): a `lab status` reads ~25 files instead of parsing them (~0.1 s of CPU).
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +44,7 @@ class Source:
 
 
 _parsed: dict[tuple[str, str, int, int], Source] = {}  # (name, path, size, mtime_ns) -> Source
+_trees: dict[str, str] = {}  # root -> _tree_digest when _parsed was last checked against it
 
 
 def module_path(name: str, root: Path = SOURCE_ROOT) -> Path | None:
@@ -81,11 +86,60 @@ def closure(name: str, root: Path = SOURCE_ROOT) -> list[str]:
     return sorted(seen)
 
 
-def code_digest(name: str, root: Path = SOURCE_ROOT) -> dict[str, str]:
-    """{file relative to eaglelab/: its digest} over the closure of module `name`."""
+def code_digest(name: str, root: Path = SOURCE_ROOT, cache: Path | None = None) -> dict[str, str]:
+    """{file relative to eaglelab/: its digest} over the closure of module `name`. cache: a JSON file
+    that keeps the parsed imports between processes (read here, written when it learned more)."""
     pkg = root / PACKAGE
-    found = [source(m, root) for m in closure(name, root)]
-    return {s.path.relative_to(pkg).as_posix(): s.digest for s in found}
+    tree = _tree_digest(root)
+    if _trees.get(str(root)) != tree:  # a module came or went: what a name resolves to may differ
+        for key in [k for k in _parsed if Path(k[1]).is_relative_to(root)]:
+            del _parsed[key]
+        _trees[str(root)] = tree
+    if cache is None:
+        found = [source(m, root) for m in closure(name, root)]
+        return {s.path.relative_to(pkg).as_posix(): s.digest for s in found}
+    try:
+        stored = json.loads(cache.read_text())
+        known = stored["sources"] if stored.get("tree") == tree else {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        known = {}  # absent or damaged: parsed anew, and written again
+    out, seen, todo, learned = {}, set(), [name], False
+    while todo:
+        mod = todo.pop()
+        for m in (*parents(mod), mod):
+            if m in seen:
+                continue
+            seen.add(m)
+            path = module_path(m, root)
+            if path is None:
+                raise ModuleNotFoundError(f"no module {m!r} under {root}")
+            data = path.read_bytes()
+            digest = hashlib.sha256(data).hexdigest()[:16]
+            entry = known.get(m)
+            if not (isinstance(entry, dict) and entry.get("digest") == digest and isinstance(entry.get("imports"), list)):
+                entry = {"digest": digest, "imports": sorted(source(m, root).imports)}
+                known[m], learned = entry, True
+            out[path.relative_to(pkg).as_posix()] = digest
+            todo.extend(entry["imports"])
+    if learned:
+        try:
+            tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"tree": tree, "sources": known}, sort_keys=True))
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # a read-only or full disk: the next call parses again, nothing is wrong
+    return dict(sorted(out.items()))
+
+
+def _tree_digest(root: Path) -> str:
+    """The package's module files (names, not contents): a new or removed module changes what an
+    unchanged file's imports resolve to."""
+    names = []
+    for folder, dirs, files in os.walk(root / PACKAGE):  # strings, not Paths: ~10x faster than rglob
+        dirs.sort()
+        rel = os.path.relpath(folder, root).replace(os.sep, "/")
+        names += sorted(f"{rel}/{f}" for f in files if f.endswith(".py"))
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
 
 
 def parents(name: str) -> list[str]:

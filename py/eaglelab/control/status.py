@@ -57,7 +57,7 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
     from .services import usage
     status = {"schema": SCHEMA, "generated_at": utcnow_iso(now), "profile": lab.cfg.profile,
               "runs": runs, "hosts": hosts, "stages": stages, "services": usage(lab, now)}
-    from . import forecast  # pipeline.forecast: will the drafter pay off (README "Foresight")
+    from . import forecast  # pipeline.forecast: will the drafter pay off (docs/foresight.md)
     status = forecast.annotate(lab, _annotate_eta(lab, status, now, refresh), now)
     status["pipeline"]["side_jobs"] = side_jobs_view(lab, runs)
     return status

@@ -8,6 +8,7 @@ back. Everything about a process is decided here, where the process is.
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import secrets
@@ -63,7 +64,8 @@ def launch(work_dir: str, spec: dict, wait_s: float = 10.0) -> dict:
     meta = {"schema": 1, "run_id": run_id, "stage": spec["stage"], "host": spec.get("host", "local"),
             "profile": spec.get("profile"), "fingerprint": spec.get("fingerprint"),
             "command": list(spec["command"]), "cwd": spec.get("cwd") or os.getcwd(),
-            "kind": spec.get("kind", "job"), "launched_at": utcnow_iso()}
+            "kind": spec.get("kind", "job"), "outputs": [str(o) for o in spec.get("outputs") or []],
+            "launched_at": utcnow_iso()}
     try:
         atomic_write_json(run_dir / "meta.json", meta)
     except OSError as e:  # a full disk at launch: no half-made run directory is left to break status
@@ -184,6 +186,8 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
             exit_info = _checked(run_dir / "exit.json", Exit)  # it may have ended between the reads
             if exit_info is None:
                 rec.update(_without_wrapper(run_dir, meta, now))
+                if rec.get("lost"):  # nobody saw the end: what the stage left may still say it
+                    exit_info = _settle_unrecorded(run_dir, meta, rec)
     if exit_info is not None:
         rec.update(state=exit_info.get("state"), exit_code=exit_info.get("exit_code"),
                    signal=exit_info.get("signal"), ended_at=exit_info.get("ended_at"),
@@ -197,8 +201,10 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     else:  # wall clock; never negative after a step back
         rec["duration_s"] = round(max((end or now) - start, 0.0), 3) if start else None
     # the tailer's state.json combined with the exit (a SIGKILL is host_oom_killed, exit 0 completed)
-    if rec.get("lost"):
+    if rec.get("lost") or exit_info is not None and exit_info.get("outputs_done"):
         _finish_log_once(run_dir)  # the wrapper's tailer died with it: read the log to its end, once
+    elif rec.get("orphaned"):
+        follow_orphan(run_dir)  # nor does anything else follow its log: a follower of its own
     ls = run_state(run_dir)
     rec["log_state"] = ls if isinstance(ls, dict) else None  # a state.json of the wrong shape: none
     if rec.get("lost") and rec["log_state"]:
@@ -224,6 +230,79 @@ def _without_wrapper(run_dir: Path, meta: dict, now: float) -> dict:
     # wrapper and stage gone, the end unrecorded: it ended at its last sign of life, so its
     # duration stops growing (the heartbeat, else the log's last write)
     return {"state": "killed", "lost": True, "ended_at": _last_sign_of_life(run_dir, meta)}
+
+
+def outputs_done(run_dir: Path, meta: dict) -> str | None:
+    """Whether the stage's outputs say it finished: every output (meta.json's `outputs`, relative to
+    its cwd) carries a sound manifest (eaglelab.manifest's layout) written by this very run (its
+    `run_id`) — a directory its own manifest.json, a file the manifest.json beside it, listing it.
+    Sound: every file it lists is there, of the size it lists. The evidence in words, else None.
+    (Read here with the standard library: eaglelab.manifest needs the controller's libraries.)"""
+    outputs = meta.get("outputs")
+    run_id = meta.get("run_id") or run_dir.name
+    if not isinstance(outputs, list) or not outputs:
+        return None
+    seen = []
+    for out in outputs:
+        path = Path(meta.get("cwd") or ".", str(out)).expanduser()
+        folder, name = (path, None) if path.is_dir() else (path.parent, path.name)
+        doc = read_json(folder / "manifest.json")
+        files = doc.get("files") if isinstance(doc, dict) else None
+        if not isinstance(files, dict) or doc.get("run_id") != run_id or (name is not None and name not in files):
+            return None
+        for rel, entry in files.items():
+            try:
+                if not isinstance(entry, dict) or (folder / rel).stat().st_size != entry.get("size"):
+                    return None
+            except (OSError, ValueError):
+                return None
+        seen.append(str(folder / "manifest.json"))
+    return f"every output carries a sound manifest of this run: {', '.join(dict.fromkeys(seen))}"
+
+
+def _settle_unrecorded(run_dir: Path, meta: dict, rec: dict) -> dict | None:
+    """A lost run (wrapper and stage gone, no exit.json): when its outputs prove that the stage
+    finished (outputs_done), the end is decided by the one rule (decide_end) and recorded in
+    exit.json in the wrapper's place, so that it stays decided (a later run rewriting the outputs
+    changes nothing). The exit record, or None (the log may still tell: _settle_lost)."""
+    evidence = outputs_done(run_dir, meta)
+    if evidence is None:
+        return None
+    ending = decide_end(None, None, outputs_done=True)
+    record = {"schema": 1, "exit_code": None, "signal": None, "signal_name": None,
+              "ended_at": rec.get("ended_at") or _last_sign_of_life(run_dir, meta), "state": ending.state.value,
+              "stop_requested": rec.get("stop_requested", False), "orphans": False, "outputs_done": evidence,
+              "recorded_by": "a report (the wrapper was gone; the outputs' manifests say the stage finished)"}
+    try:
+        if not (run_dir / "exit.json").exists():
+            atomic_write_json(run_dir / "exit.json", record)
+    except OSError:
+        pass  # a read-only or full disk: decided the same way on every read
+    rec.update(lost=False)
+    return _checked(run_dir / "exit.json", Exit) or record
+
+
+def follow_orphan(run_dir: Path) -> None:
+    """Start `python -m eaglelab.host.orphan RUN_DIR` detached, unless one follows this run already
+    (it holds tailer.lock): it keeps the orphan's state.json current, as jobwrap's tailer did."""
+    try:
+        fd = os.open(run_dir / "tailer.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # held: a follower is at work
+    finally:
+        os.close(fd)  # released: the follower takes it (two racing readers: the second one exits)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+                                                                    os.environ.get("PYTHONPATH")]))}
+    try:
+        with open(run_dir / "jobwrap.log", "ab") as log:
+            subprocess.Popen([sys.executable, "-m", "eaglelab.host.orphan", str(run_dir)], stdin=subprocess.DEVNULL,
+                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
+    except OSError:
+        pass  # the state stays where the wrapper left it; the end is still read in full (lost)
 
 
 def _settle_lost(rec: dict) -> None:
@@ -305,7 +384,9 @@ class Unreadable(BadRecord):
 
 def report(work_dir: str, stage: str | None = None) -> dict:
     """Every run on this host (optionally of one stage), plus the host's GPUs. A run directory that
-    cannot be read is listed in `bad_runs` with what is wrong, and the others are reported."""
+    cannot be read is listed in `bad_runs` with what is wrong, and the others are reported.
+    `runs_dir`: the folder read, so that a run the controller knows there and the report lacks is
+    known to be missing from it (its directory vanished), not merely elsewhere."""
     root = runs_dir(work_dir)
     runs, bad = [], []
     if root.is_dir():
@@ -319,7 +400,7 @@ def report(work_dir: str, stage: str | None = None) -> dict:
     if devices:
         mark_gpu_holders(devices, runs)
     return {"schema": 1, "runs": runs, "bad_runs": bad, "gpus": devices, "checked_at": utcnow_iso(),
-            "free_disk_bytes": free_disk(work_dir), "load": list(os.getloadavg())}
+            "free_disk_bytes": free_disk(work_dir), "load": list(os.getloadavg()), "runs_dir": str(root)}
 
 
 def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
@@ -337,7 +418,7 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
         return read_run(run_dir)  # nothing of this run is alive in that group: signal nobody
     if rec.get("orphaned"):
         return _stop_orphan(run_dir, pgid, grace_s)
-    _killpg(pgid, signal.SIGTERM)
+    _terminate(pgid)
     deadline = time.time() + grace_s
     # Wait for the whole group, not only the stage's main process: a child that ignores TERM would
     # otherwise keep its GPU memory after `lab stop` returned.
@@ -354,7 +435,7 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
 def _stop_orphan(run_dir: Path, pgid: int, grace_s: float) -> dict:
     """Stop a stage whose jobwrap is gone, and record its end in jobwrap's place."""
     sig = signal.SIGTERM
-    _killpg(pgid, sig)
+    _terminate(pgid)
     deadline = time.time() + grace_s
     while time.time() < deadline and run_processes(pgid, run_dir):
         time.sleep(0.1)
@@ -370,6 +451,13 @@ def _stop_orphan(run_dir: Path, pgid: int, grace_s: float) -> dict:
             "ended_at": utcnow_iso(), "state": decide_end(None, int(sig), stop_requested=True).state.value,
             "stop_requested": True, "orphans": False, "recorded_by": "lab stop (the wrapper was gone)"})
     return read_run(run_dir)
+
+
+def _terminate(pgid: int) -> None:
+    """TERM, then CONT, as a shell does for a stopped job: a group someone paused (kill -STOP,
+    Ctrl-Z) would otherwise hold the TERM unseen until the KILL, and lose its save-on-TERM."""
+    _killpg(pgid, signal.SIGTERM)
+    _killpg(pgid, signal.SIGCONT)
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -390,9 +478,51 @@ def read_log(work_dir: str, run_id: str, offset: int = 0, limit: int = 1 << 20) 
         return b""
 
 
-def ready(work_dir: str, run_id: str, url: str | None, log_regex: str | None) -> dict:
+AWAIT_STEP_S = 0.2   # how often a waiting controller's question is looked at again, here on the host
+AWAIT_MAX_S = 30.0   # the longest one question waits: the controller has gates and side jobs to mind
+
+
+def await_change(work_dir: str, run_id: str, timeout_s: float, log_offset: int | None = None) -> dict:
+    """Return once the run has ended (its exit.json, or its jobwrap gone), once its log is longer
+    than log_offset (when given), or after timeout_s: a controller waits here, where looking costs a
+    stat, instead of asking again twice a second (over ssh each question starts a Python here)."""
+    run_dir = _run_dir(work_dir, run_id)
+    deadline = time.monotonic() + max(0.0, min(float(timeout_s), AWAIT_MAX_S))
+    meta = read_json(run_dir / "meta.json") or {}
+    while True:
+        if (run_dir / "exit.json").exists():
+            return {"changed": "ended"}
+        if meta.get("jobwrap_pid") and not _alive(meta["jobwrap_pid"], run_dir):
+            return {"changed": "wrapper_gone"}
+        if log_offset is not None:
+            try:
+                if (run_dir / "output.log").stat().st_size > log_offset:
+                    return {"changed": "log"}
+            except OSError:
+                pass
+        if not run_dir.is_dir():
+            return {"changed": "gone"}
+        if time.monotonic() >= deadline:
+            return {"changed": None}
+        time.sleep(AWAIT_STEP_S)
+        if not meta:  # a run that had not written its meta yet (just launched)
+            meta = read_json(run_dir / "meta.json") or {}
+
+
+def ready(work_dir: str, run_id: str, url: str | None, log_regex: str | None, wait_s: float = 0.0) -> dict:
     """Is the service ready, asked where it runs: its URL fetched from this host (a port of the
-    same number on the controller says nothing about it), its log searched here (no log shipped)."""
+    same number on the controller says nothing about it), its log searched here (no log shipped).
+    wait_s: ask again here, every AWAIT_STEP_S, until it is ready, its run ends, or wait_s passed."""
+    deadline = time.monotonic() + max(0.0, min(float(wait_s), AWAIT_MAX_S))
+    while True:
+        answer = _ready_now(work_dir, run_id, url, log_regex)
+        if answer["ready"] or time.monotonic() >= deadline \
+                or (_run_dir(work_dir, run_id) / "exit.json").exists():
+            return answer
+        time.sleep(AWAIT_STEP_S)
+
+
+def _ready_now(work_dir: str, run_id: str, url: str | None, log_regex: str | None) -> dict:
     if url:
         import urllib.request
         try:
@@ -415,7 +545,8 @@ VERBS = {
     "inside_roots": lambda a: machine.inside_roots(a["paths"], a["roots"], a.get("cwd", ".")),
     "launch": lambda a: launch(a["work_dir"], a["spec"]),
     "report": lambda a: report(a["work_dir"], a.get("stage")),
-    "ready": lambda a: ready(a["work_dir"], a["run_id"], a.get("url"), a.get("log_regex")),
+    "ready": lambda a: ready(a["work_dir"], a["run_id"], a.get("url"), a.get("log_regex"), a.get("wait_s", 0.0)),
+    "await_change": lambda a: await_change(a["work_dir"], a["run_id"], a.get("timeout_s", 5.0), a.get("log_offset")),
     "stop": lambda a: stop(a["work_dir"], a["run_id"], a.get("grace_s", 30.0)),
     "read_log": lambda a: {"data": base64.b64encode(read_log(a["work_dir"], a["run_id"], a.get("offset", 0),
                                                              a.get("limit", 1 << 20))).decode()},

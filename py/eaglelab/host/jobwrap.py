@@ -12,6 +12,7 @@ import argparse
 import errno
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -157,6 +158,8 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
             continue
     ended = time.time()
     duration_s = time.monotonic() - started_mono
+    # CPU seconds of the stage and every descendant it waited for: where a host's cores went
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     exit_code, sig = (None, -rc) if rc < 0 else (rc, None)
     # A server's worker processes exit a moment after its main process: only a group still there
     # after ORPHAN_GRACE_S is reported (it may hold GPU memory).
@@ -168,6 +171,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     stop_requested = (run_dir / "stop_requested").exists()
     record = {"schema": 1, "exit_code": exit_code, "signal": sig, "signal_name": signal_text(sig),
               "ended_at": utcnow_iso(ended), "duration_s": round(duration_s, 3),
+              "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
               "state": end_state(exit_code, sig, stop_requested), "stop_requested": stop_requested,
               "orphans": orphans}
     if disk.seen_at and record["state"] == "failed":

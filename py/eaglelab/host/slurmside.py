@@ -433,7 +433,7 @@ def report(work_dir: str, stage: str | None = None) -> dict:
         except BadRecord as e:
             bad.append({"run_dir": str(d), "error": str(e)})
     return {"schema": 1, "runs": runs, "bad_runs": bad, "gpus": None, "checked_at": utcnow_iso(),
-            "free_disk_bytes": machine.free_disk(work_dir), "slurm_error": error}
+            "free_disk_bytes": machine.free_disk(work_dir), "slurm_error": error, "runs_dir": str(root)}
 
 
 # -- stop ---------------------------------------------------------------------------------------

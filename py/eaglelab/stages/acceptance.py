@@ -16,8 +16,23 @@ The verifier's next token is the argmax of its FULL lm_head (not the draft vocab
 token outside the draft vocabulary is a miss, as it is when serving. Held out = speculators' own
 validation split (the last 1 - train_data_ratio of the prepared rows), which training never sees.
 
+That average counts a draft from EVERY supervised start t. vLLM drafts from where the last draft
+ended: from t it keeps L consecutive right drafts (L <= k), then the verifier's own token at t+L,
+and the next draft starts at t+L+1. `chain` replays that walk over the same per-start
+correctness (no extra forward pass); its rate and mean length are what vLLM's counters count
+when it serves these rows greedily (`chain` in the record; `acceptance/chain_rate` in the log).
+
+Sampled serving (temperature T > 0) verifies by speculative sampling: a drafted token x is kept
+with probability sum_y min(p(y), q(y)) over the proposal q, where p is the verifier's distribution
+after temperature and top-p (vLLM's rejection sampler). vLLM's EAGLE proposer drafts its argmax
+(`draft_sample_method: greedy`, its default, and the only one with a draft vocabulary subset), so
+q is a point mass on the drafted token (mapped to the verifier's ids through d2t) and the sum is
+p(x): a step is kept with probability p_{t+s}(draft_s(t)). The same prefix products and the same
+walk, in expectation, give `sampled` (`acceptance/sampled_rate`), for the eval's temperature and
+top-p (`--temperature`, `--top-p`; the pipeline passes eval_temperature and eval_top_p).
+
     python -m eaglelab.stages.acceptance --checkpoint data/demo/checkpoints/3 --model data/demo/model \
-        --data data/demo/prepared --hidden-states data/demo/hidden_states --k 3
+        --data data/demo/prepared --hidden-states data/demo/hidden_states --k 3 --temperature 1.0 --top-p 0.95
 """
 
 from __future__ import annotations
@@ -79,28 +94,120 @@ def eager():
     return torch.compiler.set_stance("force_eager")  # torch >= 2.6 (the pins: 2.13; the GPU image: 2.11)
 
 
+def valid_starts(loss_mask, k: int, n: int):
+    """[n] bool: start t drafts k tokens the verifier made (t..t+k-1 all supervised) (pure tensors)."""
+    import torch
+
+    mask = loss_mask.bool()
+    valid = torch.ones(n, dtype=torch.bool)
+    for s in range(k):
+        valid &= mask[s:s + n]
+    return valid
+
+
+def step_matches(draft_target_ids: list, verifier_next, n: int):
+    """[k, n] float: 1.0 where the draft of step s from start t is the verifier's argmax at t+s (pure)."""
+    import torch
+
+    return torch.stack([(d[:n] == verifier_next[s:s + n]).float() for s, d in enumerate(draft_target_ids)])
+
+
+def prefix_sums(steps, valid) -> tuple[list[float], int]:
+    """Over every valid start t: sum of P(steps 0..s all kept) = prod_{j<=s} steps[j][t], and the number
+    of starts (pure). steps: [k, n] probabilities that each step is kept (0/1 when greedy)."""
+    keep = valid.to(steps.dtype)
+    sums = []
+    for s in range(steps.shape[0]):
+        keep = keep * steps[s]
+        sums.append(float(keep.sum()))
+    return sums, int(valid.sum())
+
+
+def chain(steps, valid) -> tuple[list[float], float]:
+    """vLLM's restart chain over one row, in expectation (pure): per-position sums and drafts.
+
+    The walk starts at position 0. At a valid start t a draft is made: step s is kept with probability
+    steps[s][t] if steps 0..s-1 were; rejected at step s (L = s kept) or all k kept (L = k), the
+    verifier's token at t+L follows and the next draft starts at t+L+1. At a start that is not valid
+    (an unsupervised position, or too near a segment's end for k drafts) the walk moves on by one. With
+    0/1 steps (greedy) this is the one path vLLM takes; with probabilities it is the expectation over
+    independent acceptances (sampled), w[t] the probability the walk drafts at t."""
+    steps = steps.tolist() if hasattr(steps, "tolist") else [list(r) for r in steps]
+    valid = valid.tolist() if hasattr(valid, "tolist") else list(valid)
+    k, n = len(steps), len(valid)
+    w = [0.0] * (n + k + 2)
+    w[0] = 1.0 if n else 0.0
+    sums, drafts = [0.0] * k, 0.0
+    for t in range(n):
+        m = w[t]
+        if m == 0.0:
+            continue
+        if not valid[t]:
+            w[t + 1] += m
+            continue
+        drafts += m
+        kept = 1.0  # P(steps 0..s-1 all kept)
+        for s in range(k):
+            now = kept * steps[s][t]
+            sums[s] += m * now
+            w[t + s + 1] += m * (kept - now)  # rejected at step s: s kept, then the verifier's token at t+s
+            kept = now
+        w[t + k + 1] += m * kept
+    return sums, drafts
+
+
 def prefix_correct_counts(draft_target_ids: list, verifier_next, loss_mask) -> tuple[list[float], int]:
     """Sum over start positions of 'steps 0..s all right', and the number of starts (pure tensors).
 
     draft_target_ids[s][t]: the token drafted at step s from start t (in the verifier's vocab);
     verifier_next[u]: the verifier's argmax at u; loss_mask[u]: u is a supervised position. A start
     t counts when t..t+k-1 are all supervised (the k tokens it drafts are ones the verifier made)."""
-    import torch
-
     k = len(draft_target_ids)
     n = verifier_next.shape[-1] - (k - 1)
     if n <= 0:
         return [0.0] * k, 0
-    mask = loss_mask.bool()
-    valid = torch.ones(n, dtype=torch.bool)
-    for s in range(k):
-        valid &= mask[s:s + n]
-    ok = valid.clone()
-    sums = []
-    for s in range(k):
-        ok &= draft_target_ids[s][:n] == verifier_next[s:s + n]
-        sums.append(float(ok.sum()))
-    return sums, int(valid.sum())
+    return prefix_sums(step_matches(draft_target_ids, verifier_next, n), valid_starts(loss_mask, k, n))
+
+
+def target_probs(logits, temperature: float, top_p: float = 1.0):
+    """The verifier's sampling distribution as vLLM's rejection sampler sees it (pure): logits / T, then
+    top-p as vLLM applies it (ascending sort; the tokens whose cumulative probability stays <= 1 - top_p
+    are dropped, the most likely one always kept), softmax over what is left. Rows are positions."""
+    import torch
+
+    logits = logits.float() / temperature
+    if top_p < 1.0:
+        srt, idx = logits.sort(dim=-1, descending=False)
+        drop = srt.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        drop[..., -1] = False
+        logits = logits.scatter(-1, idx, srt.masked_fill(drop, float("-inf")))
+    return torch.softmax(logits, dim=-1)
+
+
+SAMPLED_CHUNK = 256  # positions per chunk when probabilities are needed: the sort for top-p holds values and
+                     # int64 indices of [chunk, vocab] (0.6 GB at 256 x 163,840)
+
+
+def step_probs(last_hidden, norm, lm_head_weight, draft_target_ids: list, temperature: float, top_p: float,
+               chunk: int = SAMPLED_CHUNK):
+    """[k, n]: the probability p_{t+s}(draft_s(t)) that the verifier, sampling at `temperature`/`top_p`,
+    keeps the drafted token of step s from start t (vLLM's greedy proposal: q is a point mass, so
+    sum_y min(p, q) = p(draft)); n = seq - (k - 1). A chunk of positions at a time, as the argmax."""
+    import torch
+
+    k, seq = len(draft_target_ids), last_hidden.shape[-2]
+    n = seq - (k - 1)
+    idx = torch.zeros(seq, k, dtype=torch.long)
+    for s, d in enumerate(draft_target_ids):  # at position u, step s's draft made from start u - s
+        idx[s:, s] = d[:seq - s]
+    got = []
+    with torch.no_grad():
+        h = norm(last_hidden).to(lm_head_weight.dtype)
+        for i, c in enumerate(h.split(chunk, dim=-2)):
+            p = target_probs(torch.nn.functional.linear(c, lm_head_weight), temperature, top_p)
+            got.append(p.gather(-1, idx[i * chunk:i * chunk + c.shape[-2]].to(p.device)).cpu())
+    got = torch.cat(got, dim=-2)  # [seq, k]
+    return torch.stack([got[s:s + n, s] for s in range(k)])
 
 
 def draft_k(drafter, sample: dict, k: int) -> list:
@@ -152,25 +259,59 @@ def verifier_lm_head(verifier: Path, device, dtype=None):
     return w.to(device, dtype or torch.float32)
 
 
-def estimate(drafter, lm_head, samples, k: int) -> dict:
-    """The acceptance summary of `drafter` over (index, sample) pairs (its mode is restored after)."""
+class Tally:
+    """Sums over rows for one way of counting: per-position sums and drafts (or starts)."""
+
+    def __init__(self, k: int):
+        self.k, self.sums, self.drafts = k, [0.0] * k, 0.0
+
+    def add(self, sums: list[float], drafts: float) -> None:
+        self.sums = [a + b for a, b in zip(self.sums, sums)]
+        self.drafts += drafts
+
+    def summary(self) -> dict:
+        out = summarize(self.sums, self.drafts, self.k)
+        out["drafts"] = round(out.pop("starts"), 3)
+        return out
+
+
+def estimate(drafter, lm_head, samples, k: int, temperature: float = 0.0, top_p: float = 1.0) -> dict:
+    """The acceptance summary of `drafter` over (index, sample) pairs (its mode is restored after):
+    every start (the top-level figures), vLLM's greedy chain (`chain`) and, with temperature > 0,
+    speculative sampling's expectation (`sampled`: its chain, and `all_starts`)."""
     device = next(drafter.parameters()).device
     norm = drafter.verifier_norm
     was_training = drafter.training
     drafter.eval()
     sums, starts, used = [0.0] * k, 0, []
+    greedy_chain, sampled_chain, sampled_all = Tally(k), Tally(k), Tally(k)
     try:
         for idx, sample in samples:
             drafts = draft_k(drafter, sample, k)
             last = sample["verifier_last_hidden_states"].to(device, norm.weight.dtype)
             nxt = verifier_next_tokens(last, norm, lm_head).cpu()
-            s, n = prefix_correct_counts(drafts, nxt, sample["loss_mask"])
-            sums = [a + b for a, b in zip(sums, s)]
-            starts += n
+            n = nxt.shape[-1] - (k - 1)
             used.append(idx)
+            if n <= 0:
+                continue
+            valid = valid_starts(sample["loss_mask"], k, n)
+            matches = step_matches(drafts, nxt, n)
+            s, c = prefix_sums(matches, valid)
+            sums = [a + b for a, b in zip(sums, s)]
+            starts += c
+            greedy_chain.add(*chain(matches, valid))
+            if temperature > 0:
+                probs = step_probs(last, norm, lm_head, drafts, temperature, top_p)
+                sampled_all.add(*prefix_sums(probs, valid))
+                sampled_chain.add(*chain(probs, valid))
     finally:
         drafter.train(was_training)
-    return {**summarize(sums, starts, k), "samples": len(used), "held_out": used}
+    doc = {**summarize(sums, starts, k), "samples": len(used), "held_out": used, "chain": greedy_chain.summary(),
+           "sampled": None}
+    if temperature > 0:
+        doc["sampled"] = {"temperature": temperature, "top_p": top_p, **sampled_chain.summary(),
+                          "all_starts": sampled_all.summary()}
+    return doc
 
 
 def record(out_dir: Path, doc: dict) -> dict:
@@ -184,14 +325,33 @@ def record(out_dir: Path, doc: dict) -> dict:
 
 
 def log_line(doc: dict) -> str:
-    """`acceptance/rate=0.4123, acceptance/mean_length=2.237, acceptance/pos_0=..., global_step=N` (a metric line)."""
+    """`acceptance/rate=0.4123, acceptance/mean_length=2.237, acceptance/pos_0=..., acceptance/chain_rate=...,
+    acceptance/chain_mean_length=..., [acceptance/sampled_rate=..., acceptance/sampled_mean_length=...,]
+    global_step=N` (a metric line)."""
     parts = [f"{LOG_PREFIX}rate={doc['acceptance_rate']:.4f}", f"{LOG_PREFIX}mean_length={doc['mean_acceptance_length']:.4f}"]
     parts += [f"{LOG_PREFIX}pos_{i}={p:.4f}" for i, p in enumerate(doc["per_position"])]
+    for name in ("chain", "sampled"):  # vLLM's greedy chain; speculative sampling's expected chain
+        if isinstance(doc.get(name), dict):
+            parts += [f"{LOG_PREFIX}{name}_rate={doc[name]['acceptance_rate']:.4f}",
+                      f"{LOG_PREFIX}{name}_mean_length={doc[name]['mean_acceptance_length']:.4f}"]
     if doc.get("epoch") is not None:
         parts.append(f"epoch={doc['epoch']}")
     if doc.get("global_step") is not None:
         parts.append(f"global_step={doc['global_step']}")
     return ", ".join(parts)
+
+
+def describe(doc: dict) -> str:
+    """The forecasts calibrated to vLLM's drafting, in words: greedy chain, sampled chain."""
+    out = []
+    if isinstance(doc.get("chain"), dict):
+        out.append(f"as vLLM drafts greedily {doc['chain']['acceptance_rate']:.1%} / "
+                   f"{doc['chain']['mean_acceptance_length']:.2f}")
+    sd = doc.get("sampled")
+    if isinstance(sd, dict):
+        out.append(f"sampled at T={sd['temperature']:g}, top-p {sd['top_p']:g}: {sd['acceptance_rate']:.2%} / "
+                   f"{sd['mean_acceptance_length']:.2f}")
+    return "; ".join(out)
 
 
 def read(out_dir: Path) -> list[dict]:
@@ -232,14 +392,16 @@ def load_checkpoint(checkpoint: Path, device: str = "cpu", dtype=None):
 
 
 def estimate_checkpoint(ckpt: Path, verifier: Path, data: Path, hidden_states: Path, train_data_ratio: float,
-                        max_samples: int | None, k: int, device, dtype=None) -> dict:
+                        max_samples: int | None, k: int, device, dtype=None, temperature: float = 0.0,
+                        top_p: float = 1.0) -> dict:
     """Load `ckpt` and the verifier's lm_head, estimate, and drop both: nothing of the estimate stays
     resident for the rest of training (the lm_head alone is 2.3 GB in bf16 at Kimi-K2.5's vocab)."""
     with eager():
         lm_head = verifier_lm_head(verifier, device, dtype)
         drafter = load_checkpoint(ckpt, "cpu" if device.type == "cpu" else str(device), dtype)
         try:
-            return estimate(drafter, lm_head, held_out_samples(data, hidden_states, train_data_ratio, max_samples), k)
+            return estimate(drafter, lm_head, held_out_samples(data, hidden_states, train_data_ratio, max_samples), k,
+                            temperature, top_p)
         finally:
             del drafter, lm_head
 
@@ -265,7 +427,8 @@ def release(device) -> tuple[float, float] | None:
 
 
 def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_states: Path, k: int,
-                         train_data_ratio: float, max_samples: int, echo) -> None:
+                         train_data_ratio: float, max_samples: int, echo, temperature: float = 0.0,
+                         top_p: float = 1.0) -> None:
     """After each checkpoint speculators' Trainer saves, estimate it (rank 0) and record the result.
 
     The checkpoint is read back from disk, as serving will read it. A failed estimate is reported
@@ -294,7 +457,7 @@ def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_st
         before = gpu_memory(device)
         try:
             doc = estimate_checkpoint(ckpt, verifier, data, hidden_states, train_data_ratio, max_samples, k,
-                                      device, dtype)
+                                      device, dtype, temperature, top_p)
         except Exception as e:  # noqa: BLE001 - advice only: training goes on
             echo(f"acceptance: estimate of {ckpt} failed ({type(e).__name__}: {e}); training goes on")
             return
@@ -308,7 +471,8 @@ def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_st
                                "seconds": round(time.monotonic() - t0, 3), **doc})
         echo(log_line(doc))
         echo(f"acceptance: checkpoint {ckpt}: offline acceptance rate {doc['acceptance_rate']:.1%}, mean "
-             f"acceptance length {doc['mean_acceptance_length']:.2f} for k={k} on {doc['samples']} held-out samples")
+             f"acceptance length {doc['mean_acceptance_length']:.2f} for k={k} on {doc['samples']} held-out samples; "
+             + describe(doc))
 
     trainer.Trainer.maybe_save_checkpoint = save_then_estimate
 
@@ -321,11 +485,14 @@ def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_st
 @click.option("--k", default=3, show_default=True, help="speculative tokens per draft (num_speculative_tokens)")
 @click.option("--train-data-ratio", default=0.9, show_default=True, help="as training used it")
 @click.option("--max-samples", type=int, default=None, help="at most this many held-out rows")
+@click.option("--temperature", default=0.0, show_default=True, help="> 0: also the sampled forecast at this temperature")
+@click.option("--top-p", default=1.0, show_default=True, help="the sampled forecast's top-p")
 def main(checkpoint: Path, model: Path, data: Path, hidden_states: Path, k: int, train_data_ratio: float,
-         max_samples: int | None) -> None:
+         max_samples: int | None, temperature: float, top_p: float) -> None:
     """Print the offline acceptance estimate of one checkpoint as JSON."""
     drafter = load_checkpoint(checkpoint)
-    doc = estimate(drafter, verifier_lm_head(model, "cpu"), held_out_samples(data, hidden_states, train_data_ratio, max_samples), k)
+    doc = estimate(drafter, verifier_lm_head(model, "cpu"), held_out_samples(data, hidden_states, train_data_ratio, max_samples), k,
+                   temperature, top_p)
     click.echo(json.dumps({"checkpoint": str(checkpoint), **doc}))
 
 

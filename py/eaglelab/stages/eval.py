@@ -93,6 +93,16 @@ def verdict(speedup: float | None, stats: dict | None,
     return "PAYS", [f"speedup {speedup:.2f}x" if speedup is not None else "no baseline"]
 
 
+def sampled_at(sweep: list[dict], decide_at: int, settings: dict) -> dict | None:
+    """The served sampled figures beside the greedy verdict: the sampled cell at the same concurrency,
+    with its sampling parameters (what the sampled forecast is compared with); None without one (pure)."""
+    cell = next((r["spec"] for r in sweep if r["sampling"] == "sampled" and r["concurrency"] == decide_at), None)
+    if cell is None or "acceptance_rate" not in cell:
+        return None
+    return {"acceptance_rate": cell["acceptance_rate"], "mean_acceptance_length": cell["mean_acceptance_length"],
+            "concurrency": decide_at, **(settings.get("sampled") or [{}])[0]}
+
+
 def parse_concurrency(text: str) -> list[int]:
     try:
         levels = [int(x) for x in text.replace(",", " ").split()]
@@ -282,6 +292,7 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
     d, cmp_ = decided["spec"], decided["comparison"]
     v, reasons = cmp_["verdict"], cmp_["reasons"]
     speedup = cmp_["speedup"]
+    sampled = sampled_at(sweep, decide_at, settings)
     pays_up_to = [r["concurrency"] for r in sweep if r["sampling"] == "greedy" and r["comparison"]["verdict"] == "PAYS"]
     for r in sweep:  # the report keeps figures, not every generated text
         r["baseline"] = {k: val for k, val in r["baseline"].items() if k != "texts"}
@@ -326,6 +337,7 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
                    extra={"verdict": v, "speedup": speedup, "acceptance_rate": d["acceptance_rate"],
                           "mean_acceptance_length": d["mean_acceptance_length"],
                           "decided_at": f"concurrency {decide_at}, greedy",
+                          "sampled": sampled,  # the sampled cell at the same concurrency (None: no sampled sweep)
                           "sweep": [{"sampling": r["sampling"], "concurrency": r["concurrency"],
                                      "speedup": r["comparison"]["speedup"], "verdict": r["comparison"]["verdict"],
                                      "acceptance_rate": r["spec"]["acceptance_rate"]} for r in sweep]})

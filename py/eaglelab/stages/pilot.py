@@ -344,6 +344,9 @@ def replay(records: list[dict], why: str, echo) -> None:
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--acceptance-k", default=3, show_default=True, type=click.IntRange(min=1),
               help="speculative tokens of the offline estimate (num_speculative_tokens)")
+@click.option("--acceptance-temperature", default=0.0, show_default=True,
+              help="> 0: also the sampled forecast at this temperature (eval_temperature)")
+@click.option("--acceptance-top-p", default=1.0, show_default=True, help="the sampled forecast's top-p (eval_top_p)")
 @click.option("--seed", default=42, show_default=True)
 @click.option("--trust-remote-code/--no-trust-remote-code", default=False, help="the target needs custom code")
 @click.option("--extract-backend", type=click.Choice(["transformers", "vllm"]), default="transformers",
@@ -353,8 +356,8 @@ def replay(records: list[dict], why: str, echo) -> None:
 @click.option("--extract-staging", type=click.Path(path_type=Path), default=None,
               help="vllm backend: that server's --hidden-states-path")
 def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: float, aux_layers: str, seq_length: int,
-         draft_vocab_size: int, epochs: int, lr: float, loss_fn: str, device: str, acceptance_k: int, seed: int,
-         trust_remote_code: bool, extract_backend: str, extract_endpoint: str, extract_staging: Path | None) -> None:
+         draft_vocab_size: int, epochs: int, lr: float, loss_fn: str, device: str, acceptance_k: int,
+         acceptance_temperature: float, acceptance_top_p: float, seed: int, trust_remote_code: bool, extract_backend: str, extract_endpoint: str, extract_staging: Path | None) -> None:
     """Run the pilot slice: synth's first rows through prepare, extract, vocab and a short train."""
     t0 = time.monotonic()
     echo = lambda m: click.echo(m)
@@ -368,7 +371,9 @@ def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: floa
     tr = ["--trust-remote-code" if trust_remote_code else "--no-trust-remote-code"]
     params = {"synth": str(source), "samples": samples, "model": str(model), "aux_layers": aux_layers,
               "seq_length": seq_length, "draft_vocab_size": draft_vocab_size, "epochs": epochs, "lr": lr,
-              "loss_fn": loss_fn, "acceptance_k": acceptance_k, "seed": seed, "extract_backend": extract_backend}
+              "loss_fn": loss_fn, "acceptance_k": acceptance_k, "seed": seed, "extract_backend": extract_backend,
+              **({"acceptance_temperature": acceptance_temperature, "acceptance_top_p": acceptance_top_p}
+                 if acceptance_temperature > 0 else {})}
     d = {k: out_dir / v for k, v in DIRS.items()}
     if manifest.is_complete(out_dir, params):
         doc = manifest.read(out_dir)
@@ -413,7 +418,8 @@ def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: floa
                    "--vocab", str(d["vocab"]), "--out", str(d["train"]), *aux,
                    "--draft-vocab-size", str(draft_vocab_size), "--epochs", str(epochs), "--lr", str(lr),
                    "--loss-fn", loss_fn, "--total-seq-len", str(seq_length), "--device", device,
-                   "--acceptance-k", str(acceptance_k), "--seed", str(seed), *tr],
+                   "--acceptance-k", str(acceptance_k), "--acceptance-temperature", str(acceptance_temperature),
+                   "--acceptance-top-p", str(acceptance_top_p), "--seed", str(seed), *tr],
          [d["prepare"], d["extract"], d["vocab"]]),
     ]
     ledger = Ledger(out_dir / LEDGER)
@@ -452,7 +458,7 @@ def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: floa
     seconds = round(time.monotonic() - t0, 1)
     extra = {"acceptance_rate": last["acceptance_rate"], "mean_acceptance_length": last["mean_acceptance_length"],
              "per_position": last.get("per_position"), "k": last.get("k"), "held_out_samples": last.get("samples"),
-             "checkpoints": len(records),
+             "checkpoints": len(records), "chain": last.get("chain"), "sampled": last.get("sampled"),
              "curve": [[r.get("epoch"), r["acceptance_rate"], r["mean_acceptance_length"]] for r in records],
              "drafter": str(d["train"] / tdoc.get("extra", {}).get("drafter", "drafter")),
              "slice_order": sdoc["extra"].get("order"), "seconds": seconds,  # this run's (a rerun skips work)

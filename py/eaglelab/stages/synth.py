@@ -12,6 +12,16 @@ seeds' first run silently stored empty reasoning on every row). Ends with one su
 Before the long run a probe (synth_probe.py) sends the first few prompts and stops within minutes
 when the answers are empty, the reasoning is missing or the chat template is wrong.
 
+While synth runs it reads vLLM's own spec-decode counters from the server's /metrics every
+--spec-every-s seconds (ServedAcceptance): when the server drafts (a target served with a
+drafter), each read that saw new drafts prints the acceptance since synth started, as the serving
+smoke does,
+
+    served/acceptance_rate=0.1830, served/mean_acceptance_length=1.5490, served/drafts=48, served/pos_0=...
+
+and the last figures go into the manifest (`extra.served_spec`). A server without a drafter counts
+no drafts: nothing is printed.
+
 A response cut at the cap inside <think> has empty `content` under a reasoning parser, and
 speculators 0.9.0 records it as an error ("empty assistant generation"); greedy generation would
 reproduce it on every resume, and above 5% synth would fail for good. Those rows are kept instead
@@ -29,6 +39,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -150,6 +161,75 @@ def stop_when_budget_spent(regenerate_conversation, budget: int, seen: dict):
     return wrapped
 
 
+def served_line(stats: dict) -> str:
+    """The served acceptance as one metric line the log parser reads (pure; eval.spec_stats' figures)."""
+    pos = "".join(f", served/pos_{i}={p:.4f}" for i, p in enumerate(stats["per_position_acceptance"]))
+    return (f"served/acceptance_rate={stats['acceptance_rate']:.4f}, "
+            f"served/mean_acceptance_length={stats['mean_acceptance_length']:.4f}, served/drafts={stats['drafts']}"
+            f"{pos}")
+
+
+class ServedAcceptance:
+    """vLLM's spec-decode counters on synth's server, since synth started (the first read is the base).
+
+    poll() reads /metrics once: the figures since the base when the server drafted since the last
+    poll that printed, else None. A read that fails (the server restarting, no /metrics) is skipped:
+    synth goes on, the counters are advice. start()/stop(): poll every `every_s` on a daemon thread."""
+
+    def __init__(self, endpoint: str, every_s: float, echo, get=None):
+        self.url, self.every_s, self.echo = f"{endpoint}/metrics", every_s, echo
+        self.get = get or (lambda url: requests.get(url, timeout=10))
+        self.base: dict | None = None
+        self.last: dict | None = None   # the last figures with drafts
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def read(self) -> dict | None:
+        from .eval import parse_spec_metrics
+
+        try:
+            r = self.get(self.url)
+            r.raise_for_status()
+            return parse_spec_metrics(r.text)
+        except Exception:  # noqa: BLE001 - unreadable now: the next poll tries again
+            return None
+
+    def poll(self) -> dict | None:
+        from .eval import spec_stats
+
+        now = self.read()
+        if now is None:
+            return None
+        if self.base is None:
+            self.base = now
+            return None
+        stats = spec_stats(self.base, now)
+        if stats["drafts"] <= 0 or (self.last and stats["drafts"] == self.last["drafts"]):
+            return None
+        self.last = stats
+        self.echo(served_line(stats))
+        return stats
+
+    def start(self) -> ServedAcceptance:
+        self.poll()  # the base, before synth's first request
+        if self.every_s > 0:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="served-acceptance")
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.poll()
+
+    def stop(self) -> dict | None:
+        """Stop polling, read once more; the last figures with drafts (None: the server drafted nothing)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.poll()
+        return self.last
+
+
 def check_rows(rows: list[dict], path: Path) -> None:
     for i, r in enumerate(rows):
         ids, mask = r.get("input_ids"), r.get("loss_mask")
@@ -178,9 +258,12 @@ def check_rows(rows: list[dict], path: Path) -> None:
 @click.option("--max-error-fraction", default=0.05, show_default=True, help="fail above this share of errors")
 @click.option("--max-retries", default=3, show_default=True)
 @click.option("--trust-remote-code/--no-trust-remote-code", default=False, help="the tokenizer needs custom code (e.g. Kimi's tiktoken)")
+@click.option("--spec-every-s", default=30.0, show_default=True,
+              help="read the server's spec-decode counters this often and print the served acceptance (0: at the end only)")
 def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: int, max_tokens: int,
          sampling_params: str, temperature: float | None, top_p: float | None, probe_n: int, limit: int | None,
-         reasoning: bool, max_error_fraction: float, max_retries: int, trust_remote_code: bool) -> None:
+         reasoning: bool, max_error_fraction: float, max_retries: int, trust_remote_code: bool,
+         spec_every_s: float) -> None:
     """Generate on-policy responses from the served target."""
     endpoint = endpoint.rstrip("/")
     try:
@@ -236,11 +319,15 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
         dataset = out_dir / "prompts.limited.jsonl"
         atomic_write_bytes(dataset, "".join(json.dumps(r) + "\n" for r in rows_in).encode())
     t0 = time.monotonic()
-    regenerate_responses(endpoint=f"{endpoint}/v1/chat/completions", model=model, dataset=str(dataset),
-                         limit=None, concurrency=concurrency, max_tokens=max_tokens,
-                         sampling_params=json.dumps(sampling), outfile=str(out_dir / OUT_NAME), resume=True,
-                         max_retries=max_retries, split=None, subset=None, language_filter=None,
-                         reasoning_effort=None, temperature=None, seed=0)
+    watch = ServedAcceptance(endpoint, spec_every_s, click.echo).start()
+    try:
+        regenerate_responses(endpoint=f"{endpoint}/v1/chat/completions", model=model, dataset=str(dataset),
+                             limit=None, concurrency=concurrency, max_tokens=max_tokens,
+                             sampling_params=json.dumps(sampling), outfile=str(out_dir / OUT_NAME), resume=True,
+                             max_retries=max_retries, split=None, subset=None, language_filter=None,
+                             reasoning_effort=None, temperature=None, seed=0)
+    finally:
+        served = watch.stop()
     if seen.get("skipped"):
         raise StageError(f"{out_dir / ERR_NAME}: stopped early: {seen['errors']} conversations failed in this run, "
                          f"more than {max_error_fraction:.0%} of {len(rows_in)} prompts (last: {seen.get('last')}); "
@@ -271,7 +358,8 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
     doc = manifest.write(out_dir, "synth", files, params=params,
                          counts={k: s[k] for k in ("prompts", "done", "rows", "errors", "truncated", "cut_in_reasoning",
                                                    "tokens", "completion_tokens")},
-                         extra={"finish_reasons": s["finish_reasons"], "seconds": round(time.monotonic() - t0, 1)})
+                         extra={"finish_reasons": s["finish_reasons"], "seconds": round(time.monotonic() - t0, 1),
+                                "served_spec": served})
     click.echo(f"synth: done, {s['rows']} rows in {out_path} (manifest {doc['fingerprint']})")
 
 

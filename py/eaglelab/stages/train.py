@@ -217,6 +217,9 @@ def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Pat
 @click.option("--acceptance-k", default=3, show_default=True,
               help="estimate each checkpoint's acceptance offline for this many speculative tokens (0: off)")
 @click.option("--acceptance-samples", default=32, show_default=True, help="held-out rows per estimate")
+@click.option("--acceptance-temperature", default=0.0, show_default=True,
+              help="> 0: the estimate also forecasts sampled serving at this temperature (eval_temperature)")
+@click.option("--acceptance-top-p", default=1.0, show_default=True, help="the sampled forecast's top-p (eval_top_p)")
 @click.option("--warm-start", default="", help="start from this EAGLE-3 drafter (a directory or a hub id); '': from scratch")
 @click.option("--warm-start-vocab", type=click.Choice(["check", "rebuild"]), default="check", show_default=True,
               help="check: the drafter's d2t must equal the vocab stage's; rebuild: remap its lm_head to it")
@@ -231,7 +234,7 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
          draft_vocab_size: int, epochs: int, lr: float, total_seq_len: int, loss_implementation: str,
          draft_attn_impl: str, ttt_steps: int, loss_fn: str, num_workers: int | None, max_steps: int | None, device: str,
          gpus: int, use_torchrun: bool | None, trust_remote_code: bool, acceptance_k: int, acceptance_samples: int,
-         warm_start: str, warm_start_vocab: str, seed: int, smoke_steps: int, smoke_wait_s: float,
+         acceptance_temperature: float, acceptance_top_p: float, warm_start: str, warm_start_vocab: str, seed: int, smoke_steps: int, smoke_wait_s: float,
          extra: tuple[str, ...]) -> None:
     """Train the drafter (EXTRA args go to `speculators train` unchanged)."""
     import torch
@@ -343,7 +346,8 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
 
         acceptance.install_trainer_hook(out_dir=out_dir, verifier=model, data=data, hidden_states=hidden_states,
                                         k=acceptance_k, train_data_ratio=train_cfg.data.train_data_ratio,
-                                        max_samples=acceptance_samples, echo=lambda m: click.echo(m, err=False))
+                                        max_samples=acceptance_samples, echo=lambda m: click.echo(m, err=False),
+                                        temperature=acceptance_temperature, top_p=acceptance_top_p)
     train_main(train_cfg)
     if int(os.environ.get("RANK", "0")) != 0:
         return

@@ -78,9 +78,15 @@ def _versus(fc: dict | None, key: str = "offline") -> dict | None:
     if not fc or fc.get("source") != "eval" or not fc.get(key):
         return None
     off = {"source": "pilot", **fc[key]}  # "offline" names its own source; "pilot" holds only figures
-    return {"forecast_rate": off["acceptance_rate"], "measured_rate": fc["acceptance_rate"],
-            "error": off["acceptance_rate"] - fc["acceptance_rate"], "forecast_length": off["mean_acceptance_length"],
-            "measured_length": fc["mean_acceptance_length"], "forecast_source": off["source"]}
+    out = {"forecast_rate": off["acceptance_rate"], "measured_rate": fc["acceptance_rate"],
+           "error": off["acceptance_rate"] - fc["acceptance_rate"], "forecast_length": off["mean_acceptance_length"],
+           "measured_length": fc["mean_acceptance_length"], "forecast_source": off["source"]}
+    fs, ms = off.get("sampled") or {}, fc.get("sampled") or {}
+    if isinstance(fs.get("acceptance_rate"), (int, float)) and isinstance(ms.get("acceptance_rate"), (int, float)):
+        # the sampled forecast beside the served sampled cell
+        out.update({"forecast_sampled_rate": fs["acceptance_rate"], "measured_sampled_rate": ms["acceptance_rate"],
+                    "sampled_error": fs["acceptance_rate"] - ms["acceptance_rate"]})
+    return out
 
 
 @click.command("summary")
@@ -112,7 +118,9 @@ def summary(ctx, as_json: bool) -> None:
     for vs in [v for v in (s["pilot_vs_eval"], s["forecast_vs_eval"]) if v]:  # earliest evidence first
         click.echo(f"forecast ({vs['forecast_source']}) vs eval: acceptance {vs['forecast_rate']:.1%} forecast, "
                    f"{vs['measured_rate']:.1%} measured (error {vs['error']:+.1%}); mean length "
-                   f"{vs['forecast_length']:.2f} vs {vs['measured_length']:.2f}")
+                   f"{vs['forecast_length']:.2f} vs {vs['measured_length']:.2f}"
+                   + (f"; sampled {vs['forecast_sampled_rate']:.1%} forecast, {vs['measured_sampled_rate']:.1%} "
+                      f"measured (error {vs['sampled_error']:+.1%})" if "sampled_error" in vs else ""))
     if not s["forecast_vs_eval"] and fc and "acceptance_rate" in fc:
         click.echo(f"forecast: {fc['verdict']}, acceptance {fc['acceptance_rate']:.1%}, mean length "
                    f"{fc['mean_acceptance_length']:.2f} (from {fc['source']}; no eval to compare with yet)")

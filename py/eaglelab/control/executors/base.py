@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import time
 from pathlib import Path
 
 from eaglelab.config import REPO_ROOT, HostConfig
@@ -78,8 +79,15 @@ class Executor(abc.ABC):
         return None, self.host_path(path)
 
     @abc.abstractmethod
-    def ready(self, run_id: str, url: str | None, log_regex: str | None) -> bool:
-        """hostside.ready: the service's readiness, asked on its host."""
+    def ready(self, run_id: str, url: str | None, log_regex: str | None, wait_s: float = 0.0) -> bool:
+        """hostside.ready: the service's readiness, asked on its host (waiting there up to wait_s
+        for it to become ready)."""
+
+    def await_change(self, run_id: str, timeout_s: float, log_offset: int | None = None) -> str | None:
+        """hostside.await_change: wait on the host until the run ends, its log grows past log_offset,
+        or timeout_s passes; what changed (None: nothing). An executor that cannot wait there sleeps."""
+        time.sleep(min(timeout_s, 0.5))
+        return None
 
     def input_sizes(self, requests: list[dict], cwd: str) -> list[dict]:
         """eaglelab.host.sizes.measure_all on the host: each input's size for a first-run ETA."""

@@ -97,9 +97,12 @@ class SlurmExecutor(Executor):
     def read_log(self, run_id: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         return self.login.read_log(run_id, offset, limit)
 
-    def ready(self, run_id: str, url: str | None, log_regex: str | None) -> bool:
+    def ready(self, run_id: str, url: str | None, log_regex: str | None, wait_s: float = 0.0) -> bool:
         # asked on the login node: it shares the work dir (the log) with the compute nodes
-        return self.login.ready(run_id, url, log_regex)
+        return self.login.ready(run_id, url, log_regex, wait_s)
+
+    # await_change: the base class's sleep. The login node sees the run's files but not its jobwrap
+    # (on a compute node), so it cannot tell a live run from a lost one there.
 
     def try_command(self) -> str:
         return self.login.try_command()

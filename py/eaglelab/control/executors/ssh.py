@@ -203,9 +203,15 @@ class SshExecutor(Executor):
         self._home = f.get("home") or self._home
         return f
 
-    def ready(self, run_id: str, url: str | None, log_regex: str | None) -> bool:
+    def ready(self, run_id: str, url: str | None, log_regex: str | None, wait_s: float = 0.0) -> bool:
         return bool(self.call("ready", {"work_dir": self.work_dir, "run_id": run_id, "url": url,
-                                        "log_regex": log_regex}).get("ready"))
+                                        "log_regex": log_regex, "wait_s": wait_s},
+                              timeout=wait_s + self.ssh.command_timeout_s).get("ready"))
+
+    def await_change(self, run_id: str, timeout_s: float, log_offset: int | None = None) -> str | None:
+        return self.call("await_change", {"work_dir": self.work_dir, "run_id": run_id, "timeout_s": timeout_s,
+                                          "log_offset": log_offset},
+                         timeout=timeout_s + self.ssh.command_timeout_s).get("changed")
 
     def inputs_digest(self, paths: list[str], cwd: str) -> dict[str, str]:
         return self.call("inputs_digest", {"paths": paths, "cwd": cwd})
@@ -227,7 +233,7 @@ class SshExecutor(Executor):
 
     def launch(self, spec: dict) -> dict:
         spec = {**spec, "python": spec.get("python") or self.python, "cwd": spec.get("cwd") or self.repo_dir()}
-        spec.pop("inputs", None), spec.pop("outputs", None)
+        spec.pop("inputs", None)  # the outputs go: meta.json records them (their manifests can prove the end)
         return self.call("launch", {"work_dir": self.work_dir, "spec": spec})
 
     def report(self, stage: str | None = None) -> dict:

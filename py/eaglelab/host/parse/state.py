@@ -498,6 +498,7 @@ def combine_with_exit(log_state: dict, exit_info: dict) -> dict:
     out["stall"] = None
     ending = decide_end(code, sig, stop_requested=bool(exit_info.get("stop_requested")),
                         named=log_state.get("failure") or log_state.get("suspect") or exit_info.get("failure"),
-                        last_line=log_state.get("last_line"), signal_name=exit_info.get("signal_name"))
+                        last_line=log_state.get("last_line"), signal_name=exit_info.get("signal_name"),
+                        outputs_done=bool(exit_info.get("outputs_done")))
     out.update(state=ending.state.value, failure=ending.failure)
     return out
