@@ -113,12 +113,12 @@ bench-holdout: setup  ## the honest evaluation: parser and ETA on held-out publi
 	$(VENV)/bin/python bench/bench_holdout.py
 
 .PHONY: bench-eta
-bench-eta: setup  ## ETA accuracy on the log corpus beside tqdm's own ETA (bench/RESULTS.md, ETA)
+bench-eta: setup  ## ETA accuracy per class on the held-out split, beside tqdm, EMA, recent slope, mean rate, history prior (bench/RESULTS.md)
 	$(VENV)/bin/python bench/bench_eta.py
 
 .PHONY: bench-parse
 bench-parse: setup  ## parser throughput vs grep -c, memory as the log grows, live latency (bench/RESULTS.md)
-	$(VENV)/bin/python bench/bench_parse.py --mb 300 --sizes 25,100,400 --latency-n 200
+	$(VENV)/bin/python bench/bench_parse.py --mb 300 --server-mb 50 --sizes 25,100,400 --latency-n 200
 
 .PHONY: bench-status
 bench-status: setup  ## CPU of `lab status --json` with 50 runs in the registry (budget 0.3 s; README "Performance")

@@ -1,35 +1,47 @@
-"""ETA accuracy on real logs, beside tqdm's own printed ETA on the same observations.
+"""Bar ETA accuracy on the log corpus, ours beside every simple rule, per class, held-out split.
 
-    /work/main/.venv/bin/python bench/bench_eta.py [--group real|recorded|synthetic] [--per-bar]
+    .venv/bin/python bench/bench_eta.py [--split holdout|tuning|all] [--per-bar] [--synthetic]
+    (make bench-eta)
 
-Corpus (bench/corpus/, sources in bench/corpus/SOURCES.md):
-  real/       progress lines pasted in public GitHub issues (vLLM / SGLang weight loads, vLLM
-              offline inference, Lightning training), plus the parser's fixture logs
-              (tests/fixtures/logs/public, sources in tests/fixtures/logs/SOURCES.md);
-  recorded/   real runs recorded here (bench/record_runs.py: CPU training, tokenizing), on an H200
-              (bench/record_runs_gpu.py), the demo pipeline's own runs; plus
-              tests/fixtures/logs/recorded (vLLM CPU server start, speculators' trainer, h200/);
-  synthetic   (made here, reported apart, never mixed in): per-item times drawn from scenarios
-              (drift like the seeds' load, a 100x slow first item, a collapse, evaluation pauses)
-              and printed by tqdm itself (tqdm's format_meter and EMA on a simulated clock).
+Corpus: every log in bench/corpus/SPLIT.tsv (bench/corpus/{public,real,recorded} and the parser's
+fixture logs, tests/fixtures/logs; sources in bench/corpus/SOURCES.md, LABELS.tsv and
+tests/fixtures/logs/SOURCES.md). The split is by source (a repository, or one of this lab's
+recording scripts), written once into SPLIT.tsv; the estimator's constants are looked at on the
+tuning part only, and the figures to quote are the held-out part's (the default).
 
-Every log goes through the same replay as `lab eta replay` (eaglelab.eta.replay), and each frame's
-own eta_s / eta_low_s / eta_high_s is scored. Only bars that reach their total in the file are
-scored: the truth at a frame is the time from it to the first frame at total. A pasted excerpt
-that stops mid-bar has no known end: it is counted and left out. Frames with under 2 s left are
-skipped (whole-second clocks).
-Figures: the median over bars of the median relative error |eta - truth| / truth per bar (ours,
-tqdm printed, tqdm EMA replayed), their ratio, the same with an error within one clock tick
-counted as none (the truth is a difference of whole seconds, and tqdm prints its remaining time
-truncated), and the share of observations whose truth lies in [eta_low_s, eta_high_s]. Every
-group is also split into halves A / B by the log's name (half_of: fixed before any figure was
-seen; B is held out), and all real logs (public + recorded) are summarized together.
+Every log goes through the same replay as `lab eta replay` (eaglelab.eta.replay: the tailer's
+frame splitter and state machine, bar_eta on the parser's bar history). Every bar is scored up to
+the last count the log shows (its total where it gets there): the replay runs a second time with
+that count as the bar's horizon; the truth at a frame is the time from it to the first frame at
+that count; frames under 2 s from it are skipped. At each scored frame, every method estimates
+the time to that count:
+  ours      eta_s of the replay (what lab status and the page show)
+  tqdm      the remaining time the frame printed (scaled to the horizon); where the frame printed
+            none (frames cut at the terminal width, step records), tqdm's EMA replayed
+  ema       tqdm's EMA (smoothing 0.3) replayed over the frames
+  slope     the rate over the last 5 frames (at least 2 clock ticks; the mean rate before that)
+  mean      the whole history's mean rate (elapsed / n; from the first frame on a line clock)
+  prior     the history prior: the bar's earlier run in the same log (the epoch before), else the
+            median s/item of bars with the same label in the tuning logs (other logs only), else
+            of all tuning bars
+Figures: the median over bars of each bar's median relative error |eta - truth| / truth, our
+ratio to each method, per class; coverage of [eta_low_s, eta_high_s] over the observations (and
+the mean over bars of each bar's coverage) and the median relative width (eta_high_s - eta_low_s)
+/ truth.
+Classes (read off the whole bar, for reporting only: the estimator never sees them):
+  rate change   the per-item time of the last half of the items differs from the first half's
+                by x1.25 or more (drift, a step, shards of different sizes, warm then cold)
+  long steady   not a rate change, 40 or more frames over 100 or more items
+  no printed ETA  most frames print no remaining time (cut at the terminal width, step records)
+  short         the rest
+  complete      (overlapping) bars that reach their own total in the log
+Synthetic scenarios (tqdm's own output on a simulated clock) are reported apart (--synthetic).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import csv
 import io
 import statistics
 import sys
@@ -43,81 +55,180 @@ sys.path.insert(0, str(ROOT / "py"))
 
 from eaglelab.eta.replay import replay
 
-CORPUS = ROOT / "bench" / "corpus"
-# The parser's fixture logs (real, sources in tests/fixtures/logs/SOURCES.md) count too.
-PARSER_FIXTURES = ROOT / "tests" / "fixtures" / "logs"
-PARSER_DIRS = {"real": "public", "recorded": "recorded"}
-DUPLICATES = {"sglang_dsv3_shards.log"}  # the same paste as real/sglang-7181-163shards.log
+SPLIT = ROOT / "bench" / "corpus" / "SPLIT.tsv"
 MIN_TRUTH_S = 2.0
+RECENT = 5
+METHODS = ("ours", "tqdm", "ema", "slope", "mean", "prior")
+CLASSES = ("rate change", "long steady", "no printed ETA", "short")
+
+
+def load_split() -> list[tuple[str, str, str]]:
+    """[(path, source, split)] from bench/corpus/SPLIT.tsv."""
+    rows = [r for r in SPLIT.read_text().splitlines() if r and not r.startswith("#")]
+    return [(r["path"], r["source"], r["split"]) for r in csv.DictReader(rows, delimiter="\t")]
 
 
 @dataclass
 class BarScore:
     name: str
-    kind: str  # complete | truncated
-    obs: int = 0
-    ours: list = field(default_factory=list)
-    tqdm: list = field(default_factory=list)
-    ema: list = field(default_factory=list)
+    split: str
+    errs: dict = field(default_factory=lambda: {m: [] for m in METHODS})
     covered: int = 0
-    ours_tol: list = field(default_factory=list)
-    tqdm_tol: list = field(default_factory=list)
-    half: str = ""
+    widths: list = field(default_factory=list)
+    cls: str = "short"
+    complete: bool = False
+
+    @property
+    def obs(self) -> int:
+        return len(self.errs["ours"])
 
 
-def bars_of(lines):
-    """{(key, instance): [ReplayRow...]} in file order."""
+def norm_label(label: str) -> str:
+    return (label or "(bar)").strip().rstrip(":").lower()
+
+
+def bar_rate(rows) -> float | None:
+    rows = [r for r in rows if r.elapsed_s is not None]
+    if not rows:
+        return None
+    a, b = rows[0], rows[-1]
+    if b.elapsed_clock and b.n > 0 and b.elapsed_s > 0:
+        return b.elapsed_s / b.n
+    if b.n > a.n and b.elapsed_s > a.elapsed_s:
+        return (b.elapsed_s - a.elapsed_s) / (b.n - a.n)
+    return None
+
+
+def classify(rows, truthful: int) -> str:
+    """The bar's class from its whole history (reporting only)."""
+    pts = [(r.elapsed_s, r.n) for r in rows if r.elapsed_s is not None]
+    no_eta = sum(r.tqdm_eta_s is None for r in rows) > len(rows) / 2
+    t = np.array([p[0] for p in pts], float)
+    n = np.array([p[1] for p in pts], float)
+    change = False
+    if len(pts) >= 6 and n[-1] > n[0]:
+        lo = n[0] + max(1.0, 0.05 * (n[-1] - n[0]))  # the first item (a warm-up) left out
+        mid = (lo + n[-1]) / 2
+        ta, tm, tb = (float(np.interp(x, n, t)) for x in (lo, mid, n[-1]))
+        if tm > ta and tb > tm and mid > lo:
+            r = ((tb - tm) / (n[-1] - mid)) / ((tm - ta) / (mid - lo))
+            change = max(r, 1 / r) >= 1.25
+    if change:
+        return "rate change"
+    if no_eta:
+        return "no printed ETA"
+    if len(pts) >= 40 and n[-1] - n[0] >= 100:
+        return "long steady"
+    return "short"
+
+
+def _mean_eta(history, r) -> float | None:
+    if r.elapsed_clock and r.n > 0:
+        return r.elapsed_s / r.n * (r.total - r.n)
+    a = history[0]
+    if r.n > a.n and r.elapsed_s > a.elapsed_s:
+        return (r.elapsed_s - a.elapsed_s) / (r.n - a.n) * (r.total - r.n)
+    return None
+
+
+def _slope_eta(history, r) -> float | None:
+    i = len(history) - 1
+    j = max(i - (RECENT - 1), 0)
+    while j > 0 and history[i].elapsed_s - history[j].elapsed_s < 2 * r.resolution:
+        j -= 1
+    dt, dn = history[i].elapsed_s - history[j].elapsed_s, history[i].n - history[j].n
+    if dn <= 0 or dt < 2 * r.resolution:
+        return None
+    return dt / dn * (r.total - r.n)
+
+
+def score_bar(name: str, split: str, rows, prior_rate: float | None, real_total) -> BarScore | None:
+    rows = [r for r in rows if r.elapsed_s is not None]
+    if len(rows) < 2 or rows[-1].total is None or rows[-1].n < rows[-1].total:
+        return None
+    total = rows[-1].total
+    t_end = next(r.elapsed_s for r in rows if r.n >= total)
+    s = BarScore(name, split, complete=real_total is not None and total >= real_total)
+    for i, r in enumerate(rows):
+        if r.n >= total:
+            break
+        truth = t_end - r.elapsed_s
+        if truth < MIN_TRUTH_S or r.eta_s is None:
+            continue
+        hist = rows[: i + 1]
+        mean = _mean_eta(hist, r)
+        if mean is None:
+            continue
+        slope = _slope_eta(hist, r) or mean
+        ema = r.ema_eta_s if r.ema_eta_s is not None else mean
+        tqdm = r.tqdm_eta_s if r.tqdm_eta_s is not None else ema
+        prior = (r.prior_s_per_item or prior_rate or 0.0) * (total - r.n)
+        ests = {"ours": r.eta_s, "tqdm": tqdm, "ema": ema, "slope": slope, "mean": mean, "prior": prior}
+        for m, v in ests.items():
+            s.errs[m].append(abs(v - truth) / truth)
+        s.covered += (r.eta_low_s or 0.0) <= truth <= (r.eta_high_s or 0.0)
+        s.widths.append(((r.eta_high_s or 0.0) - (r.eta_low_s or 0.0)) / truth)
+    if not s.obs:
+        return None
+    s.cls = classify(rows, s.obs)
+    return s
+
+
+# --- the history prior: other tuning logs' bars of the same label -------------------------------
+
+
+class PriorTable:
+    def __init__(self) -> None:
+        self.by_label: dict[str, list[tuple[str, float]]] = {}
+
+    def add(self, log: str, label: str, rate: float) -> None:
+        self.by_label.setdefault(norm_label(label), []).append((log, rate))
+
+    def lookup(self, log: str, label: str) -> float | None:
+        rates = [r for lg, r in self.by_label.get(norm_label(label), []) if lg != log]
+        return statistics.median(rates) if rates else None
+
+    def fallback(self, log: str) -> float | None:
+        rates = [r for v in self.by_label.values() for lg, r in v if lg != log]
+        return statistics.median(rates) if rates else None
+
+
+def _bars(text: str, horizons=None, priors=None) -> dict:
     out: dict = {}
-    for row in replay(lines):
+    for row in replay(text.split("\n"), horizons=horizons, priors=priors):
         out.setdefault((row.key, row.instance), []).append(row)
     return out
 
 
-def half_of(name: str) -> str:
-    """A fixed split of the logs, chosen before any figure was seen: "A" (the half the estimator's
-    constants may be looked at on) or "B" (held out), by the first byte of sha256 of the log's name."""
-    return "A" if hashlib.sha256(name.encode()).digest()[0] % 2 == 0 else "B"
-
-
-def score_bar(name: str, rows) -> tuple[BarScore | None, bool]:
-    """(score, complete) for one bar: only a bar that reaches its total in the log is scored (the
-    truth needs the end time); the estimate scored is the replay's own eta_s/eta_low_s/eta_high_s."""
-    rows = [r for r in rows if r.elapsed_s is not None]
-    if len(rows) < 2:
-        return None, False
-    total = rows[-1].total
-    if total is None or rows[-1].n < total:
-        return None, False  # an excerpt that stops mid-bar: its end is not in the log
-    t_end = next(r.elapsed_s for r in rows if r.n >= total)
-    score = BarScore(name, "complete")
-    for r in rows:
-        if r.n >= total:
-            break
-        truth = t_end - r.elapsed_s
-        if truth < MIN_TRUTH_S or r.tqdm_eta_s is None or r.eta_s is None or r.ema_eta_s is None:
+def build_priors(logs) -> PriorTable:
+    table = PriorTable()
+    for path, _src, split in logs:
+        if split != "tuning":
             continue
-        # Both clocks are whole seconds (elapsed, and tqdm's printed remaining): the truth is known
-        # to +-1 tick; the tolerant figure counts an error within one tick as none, for everybody.
-        tick = r.resolution
-        score.obs += 1
-        for errs, tol, est in ((score.ours, score.ours_tol, r.eta_s), (score.tqdm, score.tqdm_tol, r.tqdm_eta_s),
-                               (score.ema, None, r.ema_eta_s)):
-            errs.append(abs(est - truth) / truth)
-            if tol is not None:
-                tol.append(max(abs(est - truth) - tick, 0.0) / truth)
-        score.covered += r.eta_low_s <= truth <= r.eta_high_s
-    return (score if score.obs else None), True
+        text = (ROOT / path).read_bytes().decode("utf-8", errors="replace")
+        for (key, _inst), rows in _bars(text).items():
+            rate = bar_rate(rows)
+            if rate:
+                table.add(path, key[1], rate)
+    return table
 
 
-def score_log(name: str, text: str, counts: dict) -> list[BarScore]:
-    out = []
-    for (key, inst), rows in bars_of(text.split("\n")).items():
-        s, complete = score_bar(f"{name}:{key[1] or '(bar)'}#{inst}", rows)
-        counts["complete" if complete else "excerpt"] += 1
-        if s is not None:
-            s.half = half_of(name)
+def score_text(name: str, split: str, text: str, table: PriorTable | None) -> tuple[list[BarScore], int]:
+    first = _bars(text)
+    last = {k: rows[-1].n for k, rows in first.items() if any(r.elapsed_s is not None for r in rows)}
+    real_totals = {k: rows[-1].total for k, rows in first.items()}
+    out, unscored = [], 0
+    # The estimator gets the history it would have here: the same bar's earlier run in this log
+    # (replay does that itself). Other logs' bars of the same label are a different model, host
+    # and disk: they make the prior baseline, not our input.
+    for (key, inst), rows in _bars(text, horizons=last).items():
+        fallback = table.lookup(name, key[1]) or table.fallback(name) if table else None
+        s = score_bar(f"{name}:{key[1] or '(bar)'}#{inst}", split, rows, fallback, real_totals.get((key, inst)))
+        if s is None:
+            unscored += 1
+        else:
             out.append(s)
-    return out
+    return out, unscored
 
 
 # --- synthetic scenarios: per-item times, printed by tqdm itself on a simulated clock ----------
@@ -144,79 +255,90 @@ def synthetic_logs(seed: int = 7) -> dict[str, str]:
     rng = np.random.default_rng(seed)
     noise = lambda k, s=0.15: rng.lognormal(0.0, s, k)
     logs = {}
-    # The seeds' load: 16 -> 24 -> 27 -> 29 s/shard early, and slower on (45-60 min in all).
     seeds = 16 + 34 * (1 - np.exp(-np.arange(64) / 20.0))
     logs["seeds_like_drift_64"] = tqdm_log(seeds * noise(64, 0.08), "Loading safetensors checkpoint shards")
     logs["slow_first_item_1000"] = tqdm_log(np.r_[60.0, 0.6 * noise(999, 0.4)], "Processed prompts",
                                             mininterval=1.0)
     logs["collapse_mid_200"] = tqdm_log(np.r_[np.full(100, 2.0), np.full(100, 12.0)] * noise(200), "extract")
     pauses = np.full(600, 1.5) * noise(600, 0.2)
-    pauses[99::100] += 60.0  # an evaluation every 100 steps
+    pauses[99::100] += 60.0
     logs["eval_pauses_600"] = tqdm_log(pauses, "Training", mininterval=1.0)
     logs["constant_noisy_300"] = tqdm_log(3.0 * noise(300, 0.5), "Training")
     logs["speedup_warm_cache_85"] = tqdm_log(np.r_[np.full(20, 25.0), np.full(65, 5.0)] * noise(85), "shards")
     return logs
 
 
-def summarize(label: str, scores: list[BarScore], counts: dict | None = None) -> dict:
-    if not scores:
-        print(f"{label}: no complete bar with an observation to score")
-        return {}
-    med = lambda xs: statistics.median(xs)
-    fig = {k: med([med(getattr(s, k)) for s in scores]) for k in ("ours", "tqdm", "ema", "ours_tol", "tqdm_tol")}
+# --- report -------------------------------------------------------------------------------------
+
+
+def figures(scores: list[BarScore]) -> dict:
+    med = statistics.median
+    fig = {m: med([med(s.errs[m]) for s in scores]) for m in METHODS}
     obs = sum(s.obs for s in scores)
     fig["coverage"] = sum(s.covered for s in scores) / obs
-    ratio = lambda a, b: a / b if b else float("nan")
-    extra = (f"; {counts['excerpt']} excerpt bars that stop mid-bar not scored (no end time), "
-             f"{counts['complete'] - len(scores)} complete bars with no observation 2 s or more from the end"
-             if counts else "")
-    print(f"{label}: {len(scores)} complete bars scored, {obs} observations{extra}")
-    print(f"  median rel. error  ours {fig['ours']:.3f}   tqdm printed {fig['tqdm']:.3f}   tqdm EMA replayed "
-          f"{fig['ema']:.3f}   ratio ours/tqdm {ratio(fig['ours'], fig['tqdm']):.2f}")
-    print(f"  errors within one clock tick counted as 0: ours {fig['ours_tol']:.3f}   tqdm printed "
-          f"{fig['tqdm_tol']:.3f}   ratio {ratio(fig['ours_tol'], fig['tqdm_tol']):.2f}")
-    print(f"  coverage of [eta_low_s, eta_high_s]: {fig['coverage']:.1%}")
+    fig["coverage_bars"] = statistics.mean(s.covered / s.obs for s in scores)
+    fig["width"] = med([w for s in scores for w in s.widths])
+    fig["bars"], fig["obs"] = len(scores), obs
     return fig
+
+
+def report(label: str, scores: list[BarScore]) -> dict:
+    if not scores:
+        print(f"  {label:16s} no bar")
+        return {}
+    f = figures(scores)
+    ratio = "  ".join(f"/{m} {f['ours'] / f[m]:.2f}" if f[m] else f"/{m} -" for m in METHODS[1:])
+    print(f"  {label:16s} {f['bars']:3d} bars {f['obs']:5d} obs | ours {f['ours']:.3f} tqdm {f['tqdm']:.3f} "
+          f"ema {f['ema']:.3f} slope {f['slope']:.3f} mean {f['mean']:.3f} prior {f['prior']:.3f} | "
+          f"ours{ratio} | cov {f['coverage']:.1%} (bars {f['coverage_bars']:.0%}) width {f['width']:.2f}")
+    return f
+
+
+def report_all(title: str, scores: list[BarScore]) -> dict:
+    print(title)
+    out = {"all": report("all bars", scores), "complete": report("complete bars", [s for s in scores if s.complete])}
+    for c in CLASSES:
+        out[c] = report(c, [s for s in scores if s.cls == c])
+    return out
+
+
+def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
+        paths: list[str] | None = None) -> dict:
+    logs = load_split()
+    table = build_priors(logs)
+    scores: list[BarScore] = []
+    unscored = 0
+    for path, _src, sp in logs:
+        if (split != "all" and sp != split) or (paths is not None and path not in paths):
+            continue
+        text = (ROOT / path).read_bytes().decode("utf-8", errors="replace")
+        got, un = score_text(path, sp, text, table)
+        scores += got
+        unscored += un
+    n_logs = sum(1 for _p, _s, sp in logs if split == "all" or sp == split)
+    print(f"split {split}: {n_logs} logs, {len(scores)} bars scored ({unscored} bars with no frame 2 s or more "
+          f"before their last count)")
+    out = report_all(f"[{split}] median over bars of the median relative error; ours' ratio to each", scores)
+    if per_bar:
+        for s in scores:
+            print(f"    {s.cls:14s} {'C' if s.complete else ' '} {s.name[-80:]:80s} n={s.obs:4d} "
+                  + " ".join(f"{m} {statistics.median(s.errs[m]):.3f}" for m in METHODS)
+                  + f" cov {s.covered / s.obs:.0%}")
+    if synthetic:
+        syn: list[BarScore] = []
+        for name, text in synthetic_logs().items():
+            syn += score_text(name, "synthetic", text, None)[0]
+        out["synthetic"] = report_all("[SYNTHETIC, not real logs]", syn)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--group", choices=["real", "recorded", "synthetic"], action="append")
+    ap.add_argument("--split", choices=["holdout", "tuning", "all"], default="holdout")
     ap.add_argument("--per-bar", action="store_true", help="print every bar's figures")
+    ap.add_argument("--synthetic", action="store_true", help="also the synthetic scenarios (reported apart)")
     args = ap.parse_args()
-    groups = args.group or ["real", "recorded", "synthetic"]
-    every_real: list[BarScore] = []  # public pastes and runs recorded here: the issue's goal is on these
-    for group in groups:
-        scores: list[BarScore] = []
-        counts = {"complete": 0, "excerpt": 0}
-        if group == "synthetic":
-            for name, text in synthetic_logs().items():
-                scores += score_log(name, text, counts)
-        else:
-            paths = sorted((CORPUS / group).glob("*.log")) + sorted(
-                p for p in (PARSER_FIXTURES / PARSER_DIRS[group]).rglob("*.log") if p.name not in DUPLICATES)
-            for path in paths:
-                text = path.read_bytes().decode("utf-8", errors="replace")
-                scores += score_log(path.stem, text, counts)
-        if group != "synthetic":
-            every_real += scores
-        tag = f"{group}{' (SYNTHETIC)' if group == 'synthetic' else ''}"
-        summarize(f"[{tag}]", scores, counts)
-        if group != "synthetic":
-            for half in ("A", "B"):
-                summarize(f"  [{tag}, half {half}{' (held out)' if half == 'B' else ''}]",
-                          [s for s in scores if s.half == half])
-        if args.per_bar:
-            for s in scores:
-                print(f"    {s.half} {s.name:70s} n={s.obs:4d} ours {statistics.median(s.ours):.3f} "
-                      f"tqdm {statistics.median(s.tqdm):.3f} ema {statistics.median(s.ema):.3f} "
-                      f"tol: ours {statistics.median(s.ours_tol):.3f} tqdm {statistics.median(s.tqdm_tol):.3f} "
-                      f"cov {s.covered / s.obs:.0%}")
-    if "real" in groups and "recorded" in groups:
-        summarize("[all real logs: public + recorded]", every_real)
-        for half in ("A", "B"):
-            summarize(f"  [all real, half {half}{' (held out)' if half == 'B' else ''}]",
-                      [s for s in every_real if s.half == half])
+    run(args.split, args.synthetic, args.per_bar)
 
 
 if __name__ == "__main__":

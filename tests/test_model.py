@@ -31,7 +31,9 @@ ENDS = [
     ((None, signal.SIGKILL, True), ("killed", None)),                # `lab stop` after the grace
     ((None, signal.SIGTERM, False), ("killed", None)),
     ((None, signal.SIGINT, False), ("killed", None)),
-    ((None, signal.SIGSEGV, False), ("failed", "other")),
+    ((None, signal.SIGSEGV, False), ("failed", "segfault")),
+    ((139, None, False), ("failed", "segfault")),
+    ((None, signal.SIGABRT, False), ("failed", "signal")),
     ((0, None, True), ("completed", None)),  # asked to stop, but it finished first
 ]
 

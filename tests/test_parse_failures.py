@@ -32,12 +32,20 @@ def state_of(text: str) -> dict:
     ("TimeoutError: Timed out waiting for the engine to start", "timeout"),
     ("httpx.ReadTimeout: timed out", "timeout"),
     ("ValueError: --draft-vocab-size 40000 exceeds the target vocab", "python_exception"),
-    ("RuntimeError: CUDA error: device-side assert triggered", "cuda_error"),
+    ("RuntimeError: CUDA error: device-side assert triggered", "cuda_assert"),
     ("RuntimeError: CUDA error: an illegal memory access was encountered", "cuda_error"),
     ("RuntimeError: cuda runtime error (2) : out of memory at /pytorch/THC/THCStorage.cu:66", "cuda_oom"),
     ("requests.exceptions.ReadTimeout: (ReadTimeoutError(\"HTTPSConnectionPool(host='hf.co', port=443): Read timed out.\"))", "timeout"),
     ("jobwrap: cannot start 'speculators' in '/srv': [Errno 2] No such file or directory: 'speculators'", "other"),
-    ("Segmentation fault (core dumped)", "other"),
+    ("Segmentation fault (core dumped)", "segfault"),
+    ("Aborted (core dumped)", "other"),
+    ("slurmstepd: error: *** JOB 1234567 ON gpu-a12 CANCELLED AT 2025-03-01T12:00:03 DUE TO TIME LIMIT ***", "time_limit"),
+    ("/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1289: indexSelectLargeIndex: block: [194,0,0], thread: [96,0,0] "
+     "Assertion `srcIndex < srcSelectDimSize` failed.", "cuda_assert"),
+    ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 2118 got signal: 15", "signal"),
+    ("  exitcode  : -11 (pid: 7)", "segfault"),
+    ("  exitcode  : -15 (pid: 7)", "signal"),
+    ("Fatal Python error: Segmentation fault", "segfault"),
     ("Fatal Python error: Aborted", "other"),
 ])
 def test_each_reason(line, reason):
@@ -55,7 +63,7 @@ def test_a_cpp_abort_is_a_failure_named_by_its_what_line():
            "Exception raised from createEvent at ../aten/src/ATen/cuda/CUDAEvent.h:166 (most recent call first):\n"
            "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x42 (0x7fc7 in libc10.so)\n")
     s = state_of(log)
-    assert s["state"] == "failed" and s["failure"]["reason"] == "cuda_error" and s["failure"]["line"] == 2
+    assert s["state"] == "failed" and s["failure"]["reason"] == "cuda_assert" and s["failure"]["line"] == 3  # the what(): line names the assert
 
 
 def test_a_worker_error_line_naming_the_cause_before_its_traceback():
@@ -234,3 +242,76 @@ def test_exit_code_keeps_the_reason_the_log_gave():
     assert s["state"] == "failed" and s["failure"]["reason"] == "disk_full"
     ok = combine_with_exit(state_of("ERROR 01-01 10:00:00 [x.py:1] ValueError: caught\n"), {"exit_code": 0, "signal": None})
     assert ok["state"] == "completed" and ok["failure"] is None
+
+
+# The ending classes of issue #33: each the exact reason it should get.
+def test_a_time_limit_glued_to_the_last_frame_is_the_time_limit_not_the_sigterm_after_it():
+    log = ("Training:  41%|####1     | 410/1000 [3:59:58<5:45:12, 35.12s/it]slurmstepd: error: *** JOB 4242 ON "
+           "gpu-a7 CANCELLED AT 2025-05-02T03:00:01 DUE TO TIME LIMIT ***\n"
+           "torch.distributed.elastic.multiprocessing.api.SignalException: Process 51 got signal: 15\n")
+    s = state_of(log)
+    assert s["state"] == "failed" and s["failure"]["reason"] == "time_limit" and s["failure"]["line"] == 1
+    assert s["progress"]["n"] == 410 and s["progress"]["total"] == 1000
+
+
+def test_a_device_side_assert_inside_an_nccl_error_is_the_assert():
+    log = ("[rank3]:[E502 11:02:03.1 ProcessGroupNCCL.cpp:1515] [PG 0 Rank 3] Process group watchdog thread "
+           "terminated with exception: CUDA error: an illegal memory access was encountered\n"
+           "../aten/src/ATen/native/cuda/ScatterGatherKernel.cu:144: operator(): block: [0,0,0], thread: [5,0,0] "
+           "Assertion `idx_dim >= 0 && idx_dim < index_size && \"index out of bounds\"` failed.\n"
+           "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error\n")
+    s = state_of(log)
+    assert s["failure"]["reason"] == "cuda_assert" and s["failure"]["line"] == 2
+
+
+def test_sigterm_and_sigsegv_deaths_are_not_python_exceptions():
+    sigterm = ("Traceback (most recent call last):\n  File \"/x/run.py\", line 3, in <module>\n    main()\n"
+               "torch.distributed.elastic.multiprocessing.api.SignalException: Process 2118 got signal: 15\n")
+    assert state_of(sigterm)["failure"]["reason"] == "signal"
+    segv = ("[1]:\n  time      : 2024-01-01_00:00:00\n  rank      : 1 (local_rank: 1)\n"
+            "  exitcode  : -11 (pid: 412)\n  error_file: <N/A>\n  traceback : Signal 11 (SIGSEGV) received by PID 412\n")
+    assert state_of(segv)["failure"]["reason"] == "segfault"
+
+
+def test_a_kill_reported_at_info_ends_the_run_unless_it_goes_on():
+    killed = ("Processed prompts:  40%|####      | 40/100 [00:40<01:00,  1.00it/s]\n"
+              "INFO 05-02 10:00:41 [launcher.py:12] Received SIGTERM, shutting down\n")
+    s = state_of(killed)
+    assert s["state"] == "failed" and s["failure"]["reason"] == "killed" and s["failure"]["line"] == 2
+    went_on = killed + "Processed prompts: 100%|##########| 100/100 [01:40<00:00,  1.00it/s]\n"
+    assert state_of(went_on)["failure"] is None
+
+
+def test_a_torchrun_summary_alone_is_a_failure():
+    log = ("Root Cause (first observed failure):\n[0]:\n  time      : 2023-08-08_23:35:37\n"
+           "  exitcode  : 1 (pid: 429)\n  error_file: <N/A>\n")
+    s = state_of(log)
+    assert s["state"] == "failed" and s["failure"]["reason"] == "python_exception" and s["failure"]["line"] == 4
+
+
+def test_a_child_traceback_relayed_at_info_is_followed():
+    log = ("2025-06-27 12:57:51,690 - __main__ - INFO - starting the engine\n"
+           '2025-06-27 12:57:51,690 - __main__ - INFO -   File "/x/utils.py", line 494, in wait_for_engine_startup\n'
+           '2025-06-27 12:57:51,690 - __main__ - INFO -     raise RuntimeError("Engine core initialization failed.")\n'
+           "2025-06-27 12:57:51,690 - __main__ - INFO - RuntimeError: Engine core initialization failed.\n")
+    s = state_of(log)
+    assert s["state"] == "failed" and s["failure"]["reason"] == "python_exception" and s["failure"]["line"] == 4
+
+
+def test_frames_cut_at_the_terminal_width_keep_their_progress():
+    frame = "Loading checkpoint shards:  {p:2d}%|{bar:<40}| {n}/96 [{m:02d}:{s:02d}"
+    line = "".join(frame.format(p=100 * n // 96, bar="#" * (40 * n // 96), n=n, m=(25 * n) // 60, s=(25 * n) % 60)
+                   for n in range(37, 46))
+    s = state_of(line + "\n")
+    p = s["progress"]
+    assert (p["label"], p["n"], p["total"], p["elapsed_s"]) == ("Loading checkpoint shards", 45, 96, 1125.0)
+    assert p["eta_s"] is not None and 0.5 * 51 * 25 < p["eta_s"] < 2 * 51 * 25  # the rate, from the frames' elapsed
+    cut80 = "Training:  12%|#2        | 120/1000 [01:00<07:20,  2.00it/s, loss=0.4"  # cut in the postfix
+    p = state_of(cut80 + "\n")["progress"]
+    assert (p["n"], p["total"]) == (120, 1000)
+
+
+def test_a_unit_after_a_space_is_a_bar():
+    p = state_of("Generating train split: 68 examples [01:54,  1.58s/ examples]\n")["progress"]
+    assert (p["label"], p["n"], p["total"], p["elapsed_s"]) == ("Generating train split", 68, None, 114.0)
+    assert p["rate_s_per_it"] == 1.58 and p["unit"] == "examples"

@@ -41,7 +41,9 @@ def test_any_bytes_parse_to_valid_state_json(parts):
     assert state["bad_lines"] >= 0
     if state["failure"] is not None:
         assert state["failure"]["reason"] in ("cuda_oom", "host_oom_killed", "nccl_error", "disk_full",
-                                              "import_error", "timeout", "python_exception", "other")
+                                              "import_error", "timeout", "python_exception", "other",
+                                              "cuda_error", "cuda_assert", "time_limit", "segfault", "signal",
+                                              "killed", "lost")
 
 
 @settings(max_examples=200, deadline=None)

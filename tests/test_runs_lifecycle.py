@@ -330,6 +330,8 @@ def test_a_lost_run_is_finalized(tmplab):
     assert (first["state"], first["lost"]) == ("killed", True) and first["ended_at"]
     assert later["duration_s"] == first["duration_s"] < 60
     assert later["log_state"]["state"] == "killed" and later["log_state"]["stall"] is None
+    fail = later["log_state"]["failure"]  # a silent death, said as one, with the last line it wrote
+    assert fail["reason"] == "lost" and "no exit line" in fail["message"]
 
 
 def test_a_launch_that_cannot_start_leaves_no_fake_run(tmp_path):

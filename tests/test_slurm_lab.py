@@ -128,7 +128,7 @@ def test_over_its_time_limit_ends_timeout(slab, cluster):
     wait_for(lambda: slab.run_of("slow")["state"] == "running", timeout=60)
     run = wait_for(lambda: (r := slab.run_of("slow"))["state"] not in ("pending", "running") and r, timeout=180,
                    interval=2)
-    assert run["state"] == "failed" and run["log_state"]["failure"]["reason"] == "timeout", run
+    assert run["state"] == "failed" and run["log_state"]["failure"]["reason"] == "time_limit", run
     assert run["slurm"]["state"] == "TIMEOUT"
     assert cluster.job(run["slurm"]["job_id"])["JobState"] == "TIMEOUT"
     # the log up to the end is kept, and its bar had advanced

@@ -20,8 +20,8 @@ ROWS = [
     ("COMPLETED", None, False, "completed", None),
     ("FAILED", "failed", False, "failed", None),
     ("OUT_OF_MEMORY", "killed", False, "failed", "host_oom_killed"),
-    ("TIMEOUT", "killed", False, "failed", "timeout"),
-    ("DEADLINE", None, False, "failed", "timeout"),
+    ("TIMEOUT", "killed", False, "failed", "time_limit"),
+    ("DEADLINE", None, False, "failed", "time_limit"),
     ("NODE_FAIL", None, False, "failed", "node_fail"),
     ("BOOT_FAIL", None, False, "failed", "node_fail"),
     ("PREEMPTED", "killed", False, "killed", "preempted"),
@@ -67,7 +67,7 @@ def test_a_run_is_not_over_while_slurm_still_has_the_job(tmp_path):
     out = slurmside.merge(dict(rec), d, {"slurm_state": "COMPLETING"}, now=1_800_000_000)
     assert out["state"] == "running"
     out = slurmside.merge(dict(rec), d, {"slurm_state": "TIMEOUT"}, now=1_800_000_000)
-    assert (out["state"], out["log_state"]["failure"]["reason"]) == ("failed", "timeout")
+    assert (out["state"], out["log_state"]["failure"]["reason"]) == ("failed", "time_limit")
 
 
 def test_pending_carries_its_queue_time_as_its_own_segment(tmp_path):

@@ -208,7 +208,10 @@ def decide_end(exit_code: int | None, signal: int | None, *, stop_requested: boo
         return Ending(RunState.FAILED, {"reason": "timeout", "line": None, "process": None,
                                         "message": "exit code 124 (timeout)"})
     what = f"signal {signal} ({signal_name or signal_text(signal)})" if signal is not None else f"exit code {exit_code}"
-    return Ending(RunState.FAILED, {"reason": "other", "line": None, "process": None,
+    # A crash by a signal is said as one: SIGSEGV (or a shell's 139) a segfault, any other a signal
+    reason = ("segfault" if signal == _signal.SIGSEGV or (signal is None and exit_code == 139)
+              else "signal" if signal is not None else "other")
+    return Ending(RunState.FAILED, {"reason": reason, "line": None, "process": None,
                                     "message": f"ended by {what}; last line: {last_line}" if last_line
                                     else f"ended by {what}; the log is empty"})
 

@@ -31,6 +31,9 @@ def fmt_clock(iso: str | None) -> str:
     return _t.strftime("%H:%M", _t.localtime(t))
 
 
+ENDED = ("completed", "failed", "killed")
+
+
 def progress_text(run: dict) -> str:
     serving = serving_text(run)
     if serving is not None:
@@ -38,11 +41,20 @@ def progress_text(run: dict) -> str:
     ls = run.get("log_state") or {}
     p = ls.get("progress")
     parts = []
+    fail = ls.get("failure")
+    if run.get("state") in ENDED:
+        # An ended run shows its end, never the phase it was last in ("completed ▸ generating")
+        end = fmt_clock(run.get("ended_at"))
+        parts.append(f"ended {end}" if end else "ended")
+        if p and p.get("total") and run.get("state") != "completed":
+            parts.append(f"at {p.get('n')}/{p.get('total')} {p.get('unit') or ''}".rstrip())
+        if fail:
+            parts.append(f"[{fail.get('reason')}]")
+        return " ".join(parts)
     if ls.get("phase"):
         parts.append(str(ls["phase"]))
     if p and p.get("total"):
         parts.append(f"{p.get('n')}/{p.get('total')} {p.get('unit') or ''}".rstrip())
-    fail = ls.get("failure")
     if fail:
         parts.append(f"[{fail.get('reason')}]")
     return " ".join(parts)
@@ -70,7 +82,8 @@ def serving_text(run: dict) -> str | None:
     """A ready service's figures (vLLM's latest periodic stats) in place of progress and ETA: its
     weight-loading bar is long finished and it has no end to predict. None for anything else."""
     ls = run.get("log_state") or {}
-    if run.get("kind") != "service" or run.get("state") != "running" or not ls.get("ready"):
+    # a ready server whose log went quiet (no requests) is up, not stalled
+    if run.get("kind") != "service" or run.get("state") not in ("running", "stalled") or not ls.get("ready"):
         return None
     metrics = ls.get("metrics") or {}
 
@@ -79,18 +92,37 @@ def serving_text(run: dict) -> str | None:
         return series[-1][1] if series and len(series[-1]) >= 2 else None
 
     gen, prompt, reqs = (last(f"vllm/{k}") for k in ("gen_tokens_per_s", "prompt_tokens_per_s", "running_reqs"))
-    parts = ["serving"] + ([f"{gen:.1f} tok/s generated"] if gen is not None else []) \
+    parts = ["up, serving"] + ([f"{gen:.1f} tok/s generated"] if gen is not None else []) \
         + ([f"{prompt:.1f} prompt tok/s"] if prompt is not None else []) \
         + ([f"{reqs:.0f} requests running"] if reqs is not None else [])
-    return " · ".join(parts) if len(parts) > 1 else "serving (no request stats logged yet)"
+    return " · ".join(parts) if len(parts) > 1 else "up, serving (no request stats logged yet)"
 
 
-def eta_text(run: dict) -> str:
+def overdue_text(finish_at: float, now: float) -> str:
+    """A finish time already past: "overdue by 12 min (estimate was 14:05)", never "in 0s"."""
+    late = max(now - finish_at, 0.0)
+    by = f"{late / 3600:.1f} h" if late >= 5400 else f"{max(late / 60, 1):.0f} min"
+    return f"overdue by {by} (estimate was {fmt_clock_ts(finish_at)})"
+
+
+def fmt_clock_ts(t: float) -> str:
+    import time as _t
+    return _t.strftime("%H:%M", _t.localtime(t))
+
+
+def eta_text(run: dict, now: float | None = None) -> str:
     if serving_text(run) is not None:
         return ""  # a ready service: nothing to wait for
+    if run.get("state") == "stalled":
+        return "unknown (stalled)"  # no progress: any finish time would be made up
     eta = run.get("eta") or {}
     if not eta.get("finish_at"):
         return ""
+    import time as _t
+    now = _t.time() if now is None else now
+    at = parse_iso(eta["finish_at"])
+    if at is not None and at <= now - 30:
+        return overdue_text(at, now)
     lo, hi = eta.get("finish_low_at"), eta.get("finish_high_at")
     rng = f" ({fmt_clock(lo)}–{fmt_clock(hi)})" if lo and hi else ""
     return fmt_clock(eta["finish_at"]) + rng
@@ -99,8 +131,10 @@ def eta_text(run: dict) -> str:
 def stage_eta_text(stage: dict, run: dict) -> str:
     """A running run's ETA; for a stage still to run, its predicted finish and what it rests on
     (prior, learned, history: docs/interfaces.md "ETA")."""
-    if run.get("state") == "running":
+    if run.get("state") in ("running", "stalled"):
         return eta_text(run)
+    if run.get("state") in ENDED and stage.get("state") == run.get("state"):
+        return ""  # it ended: progress_text says when
     eta = stage.get("eta") or {}
     if stage.get("state") == "completed" or not eta.get("finish_at") or eta.get("source") == "done":
         return ""
@@ -117,11 +151,6 @@ def clock_days(iso: str | None, now: float | None = None) -> str:
         return ""
     far = abs(t - (_t.time() if now is None else now)) >= 20 * 3600
     return _t.strftime("%a %H:%M" if far else "%H:%M", _t.localtime(t))
-
-
-def _wrap(text: str, width: int) -> list[str]:
-    import textwrap
-    return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) if text else []
 
 
 def print_status(st: dict, show_all: bool = False, console: Console | None = None) -> None:
@@ -149,18 +178,28 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
                           soft_wrap=True)
     runs = {r["id"]: r for r in st["runs"]}
     id_width = max([len(str(r.get("id") or "")) for r in runs.values()] + [3])
-    # narrow terminals: progress and ETA go under the run id, in a column as wide as the ids
+    # Narrow terminals (an 80-column ssh window, a tmux split): three columns, two lines a stage:
+    # stage over host, state over time, run id over progress and ETA. No cell wraps a word: the
+    # state words stay whole and a long progress line is cut with an ellipsis, never wrapped.
     wide = console.width >= 2 * id_width + 70
     table = Table(title=f"pipeline (profile {esc(st.get('profile'))})", title_justify="left",
                   box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD, pad_edge=wide)
-    table.add_column("stage", no_wrap=True)
-    table.add_column("host", overflow="fold")
-    table.add_column("state", overflow="fold")
-    table.add_column("time", no_wrap=True)
-    table.add_column("run" if wide else "run · progress · ETA", no_wrap=not wide, min_width=id_width)
     if wide:
+        table.add_column("stage", no_wrap=True)
+        table.add_column("host", overflow="fold")
+        table.add_column("state", no_wrap=True)
+        table.add_column("time", no_wrap=True)
+        table.add_column("run", no_wrap=False, min_width=id_width)
         table.add_column("progress", overflow="fold")
         table.add_column("ETA", overflow="fold")
+    else:
+        # the first two columns as wide as their longest line; the third takes what is left
+        w1 = max([len(str(x.get(k) or "")) for x in st["stages"] for k in ("name", "host")] + [5])
+        w2 = max([len(str(x.get("state") or "")) for x in st["stages"]] + [12])  # "unreachable", "1:02:03 rc 1"
+        w3 = max(id_width, console.width - w1 - w2 - 8)  # rich's padding between and around the columns
+        table.add_column("stage", no_wrap=True, width=w1, overflow="ellipsis")
+        table.add_column("state", no_wrap=True, width=w2, overflow="ellipsis")
+        table.add_column("run · progress · ETA", no_wrap=True, overflow="ellipsis", width=w3)
     for s in st["stages"]:
         r = runs.get(s["latest_run"] or "") or {}
         state = s["state"]
@@ -174,14 +213,17 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
         if r.get("orphaned"):  # its jobwrap was killed; the stage runs on, unsupervised
             detail += " orphaned"
         style = STATE_STYLE.get(state, "")
-        cells = [esc(s["name"]), esc(s["host"]), f"[{style}]{esc(state + detail)}[/]" if style else esc(state + detail),
-                 fmt_duration(r.get("duration_s"))]
         prog, eta = progress_text(r), stage_eta_text(s, r)
         if wide:
-            cells += [esc(r.get("id", "")), esc(prog), esc(eta)]
+            cells = [esc(s["name"]), esc(s["host"]),
+                     f"[{style}]{esc(state + detail)}[/]" if style else esc(state + detail),
+                     fmt_duration(r.get("duration_s")), esc(r.get("id", "")), esc(prog), esc(eta)]
         else:
-            lines = [r.get("id", "")] + _wrap(prog, id_width) + ([f"ETA {eta}"] if eta else [])
-            cells.append("\n".join(esc(x) for x in lines))
+            word = f"[{style}]{esc(state)}[/]" if style else esc(state)
+            second = " ".join(x for x in (fmt_duration(r.get("duration_s")), detail.strip()) if x)
+            below = " · ".join(x for x in (prog, f"ETA {eta}" if eta else "") if x)
+            cells = [f"{esc(s['name'])}\n[dim]{esc(s['host'])}[/]", word + (f"\n{esc(second)}" if second else ""),
+                     esc(r.get("id", "")) + (f"\n{esc(below)}" if below else "")]
         table.add_row(*cells)
     console.print(table)
     for line in slurm_queue_lines(st, runs):

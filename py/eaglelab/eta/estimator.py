@@ -38,6 +38,8 @@ import numpy as np
 
 from eaglelab.figures import seconds
 
+from .ensemble import Candidates, combine
+
 # --- tuning (measured on bench/corpus with bench/bench_eta.py; see bench/RESULTS.md) ---------------
 DRIFT_DAMPING = 0.5  # share of the fitted drift that is assumed to continue
 RANGE_Z = 2.1  # half-width of the range in units of the level's log-scale uncertainty
@@ -75,7 +77,8 @@ class BarEstimate:
     eta_low_s: float
     eta_high_s: float
     s_per_item: float | None = None  # the per-item time the estimate uses now
-    source: str = "trend"  # trend | regime_change | rate | waves | done
+    source: str = "trend"  # trend | regime_change | rate | waves | done | ensemble | prior
+    items_s: float | None = None  # seconds for the items left, before the item in progress is counted
 
     def as_dict(self) -> dict:
         return {"eta_s": seconds(self.eta_s), "eta_low_s": seconds(self.eta_low_s),
@@ -367,7 +370,7 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     high = max(point, hi_drift) * math.exp(width) - done_part
     if since > p0:
         high = max(high, high * since / p0)
-    return BarEstimate(eta, min(low, eta), max(high, eta), p0, source)
+    return BarEstimate(eta, min(low, eta), max(high, eta), p0, source, items_s=point)
 
 
 class TqdmEma:
@@ -425,7 +428,9 @@ class BarTracker:
         self.rates: list[float | None] = []  # the rate each point's line printed, aligned with points
         self.rate_hint: float | None = None
         self.prior: float | None = None  # the first frame's printed rate, when it was seen mid-bar
+        self.history_prior: float | None = None  # s/item of an earlier run of this bar (the caller's)
         self.restarts = 0
+        self.cands = Candidates(resolution or 1.0)  # the simple estimators, for the online backtest
 
     def add(self, clock: float, n: float, total: float | None = None, rate_s_per_item: float | None = None) -> None:
         if total is not None:
@@ -434,8 +439,11 @@ class BarTracker:
             self.rate_hint = rate_s_per_item
         if self.points and (n < self.points[-1][1] or clock < self.points[-1][0]):
             self.points, self.rates, self.restarts, self.prior = [], [], self.restarts + 1, None
+            self.cands = Candidates(self.resolution or 1.0)
         if not self.points and n > 1:
             self.prior = rate_s_per_item  # history starts mid-bar: tqdm's rate summarizes the unseen part
+        if not self.points or n > self.points[-1][1]:
+            self.cands.add(clock, n, rate_s_per_item)
         if self.points and n == self.points[-1][1] and len(self.points) > 1 and n == self.points[-2][1]:
             self.points[-1] = (clock, n)  # a run of same-count frames: keep its first and its last
             self.rates[-1] = rate_s_per_item
@@ -456,10 +464,46 @@ class BarTracker:
             self.add(0.0, 0)
         self.add(elapsed_s, n, total, rate_s_per_item)
 
-    def estimate(self, now: float | None = None) -> BarEstimate | None:
-        return estimate_bar(self.points, self.total, now=now, resolution=self.resolution,
-                            rate_hint_s_per_item=self.rate_hint, prior_s_per_item=self.prior,
-                            printed_s_per_item=self.rates, concurrent=self.concurrent)
+    def fit(self, total: float | None = None, now: float | None = None) -> BarEstimate | None:
+        """The trend/regime fit alone (estimate_bar) on this bar's observations."""
+        return estimate_bar(self.points, self.total if total is None else total, now=now,
+                            resolution=self.resolution, rate_hint_s_per_item=self.rate_hint,
+                            prior_s_per_item=self.prior, printed_s_per_item=self.rates,
+                            concurrent=self.concurrent)
+
+    def estimate(self, now: float | None = None, total: float | None = None) -> BarEstimate | None:
+        """The bar's ETA: the fit and the simple estimators weighted by the online backtest
+        (eaglelab.eta.ensemble); the history prior while the bar is too young to judge."""
+        total = self.total if total is None else total
+        fit = self.fit(total, now)
+        if total is None or not self.points or (fit is not None and fit.source in ("done", "waves")):
+            return fit
+        n_last = self.points[-1][1]
+        remaining = float(total - n_last)
+        if remaining <= 0:
+            return fit
+        done = 0.0
+        f_items = f_low = f_high = None
+        if fit is not None and fit.items_s:
+            done = max(fit.items_s - fit.eta_s, 0.0) if fit.eta_s > 0 else 0.0
+            f_items, f_low, f_high = fit.items_s, fit.eta_low_s + done, fit.eta_high_s + done
+            self.cands.set_fit(fit.items_s / remaining)
+        got = combine(self.cands, remaining, f_items, f_low, f_high, self.history_prior)
+        if got is None:
+            return fit
+        items_s, lo, hi, weights = got
+        p = items_s / remaining
+        t_reached = next(c for c, k in self.points if k == n_last)
+        now = self.points[-1][0] if now is None else max(now, self.points[-1][0])
+        since = now - t_reached
+        done_part = min(since, 0.9 * p)
+        eta = max(items_s - done_part, 0.0)
+        low = max(lo - done_part, 0.0)
+        high = max(hi - done_part, eta)
+        if since > p:  # the item in progress is overdue: the rest may go as slowly
+            high = max(high, high * since / p)
+        source = "prior" if "prior" in weights and weights["prior"] >= 0.5 else "ensemble"
+        return BarEstimate(eta, min(low, eta), high, p, source, items_s=items_s)
 
 
 # bar_eta's trackers, kept between calls on the same growing history (the tailer's snapshots, a
@@ -490,7 +534,8 @@ def _tracker_for(observations: Sequence[tuple], label: str) -> BarTracker:
 
 
 def bar_eta(observations: Sequence[tuple], total: float | None, label: str = "",
-            tqdm_remaining_s: float | None = None) -> tuple[float | None, float | None, float | None]:
+            tqdm_remaining_s: float | None = None, prior_s_per_item: float | None = None
+            ) -> tuple[float | None, float | None, float | None]:
     """(eta_s, eta_low_s, eta_high_s) of a bar from its observations (n, total, elapsed_s,
     printed s/it) to `total`: THE bar-ETA driver. The tailer's state JSON (so `lab status` and the
     page), `lab parse` and `lab eta replay` (so the benchmarks) all call it on the parser's bar
@@ -500,11 +545,9 @@ def bar_eta(observations: Sequence[tuple], total: float | None, label: str = "",
         return 0.0, 0.0, 0.0
     tracker = _tracker_for(observations, label)
     est = None
+    tracker.history_prior = prior_s_per_item
     if tracker.points:
-        est = estimate_bar(tracker.points, total if total is not None else tracker.total,
-                           resolution=tracker.resolution, rate_hint_s_per_item=tracker.rate_hint,
-                           prior_s_per_item=tracker.prior, printed_s_per_item=tracker.rates,
-                           concurrent=tracker.concurrent)
+        est = tracker.estimate(total=total)
     if est is not None:
         return est.eta_s, est.eta_low_s, est.eta_high_s
     if tqdm_remaining_s is None:

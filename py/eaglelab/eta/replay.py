@@ -10,7 +10,7 @@ is the bar's own printed elapsed time (a line's timestamp where the frame prints
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from eaglelab.figures import seconds
@@ -38,6 +38,7 @@ class ReplayRow:
     rate_s_per_it: float | None = None  # the rate the frame printed
     elapsed_clock: bool = True  # the clock is the bar's own elapsed (it started at 0 with n=0)
     resolution: float = 1.0  # of the clock
+    prior_s_per_item: float | None = None  # the history prior the estimator was given
 
     def public(self) -> dict:
         """The fields `lab eta replay --json` prints (docs/interfaces.md, "## ETA")."""
@@ -55,18 +56,22 @@ def frames(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
                 yield i, frame
 
 
-def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str], int], float] | None = None) -> Iterator[ReplayRow]:
+def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str], int], float] | None = None,
+           priors: Callable[[str], float | None] | None = None) -> Iterator[ReplayRow]:
     """One row per progress frame, in file order, each estimated from the frames up to it.
 
     horizons: {(key, instance): count} estimates the time to reach that count instead of the bar's
     total (the benchmark scores an excerpt that stops mid-bar up to its last count); tqdm's printed
-    remaining time is scaled to it (tqdm's is items left / its rate)."""
+    remaining time is scaled to it (tqdm's is items left / its rate).
+    priors: label -> seconds per item from earlier runs (the history prior), used while a bar is
+    too young to judge; a bar that starts over (the next epoch) takes its previous run's mean rate."""
     rows: list[ReplayRow] = []
     emas: dict[tuple, TqdmEma] = {}
     state = LogState(bar_eta=bar_eta)
-
     def on_bar(track, p) -> None:
         key, instance = (track.prefix, track.label), track.restarts
+        # the bar's previous run (the parser keeps it on the track, as the tailer sees it), else the caller's
+        prior = track.prior_s_per_item or (priors(track.label) if priors else None)
         n, _tot, elapsed, _rate = track.history[-1] if track.history else (p.n, p.total, None, None)
         use_elapsed = p.elapsed_s is not None
         total, tqdm_left = p.total, p.remaining_s
@@ -77,7 +82,7 @@ def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str], int], flo
                              if p.total is not None and p.total > p.n else None)
         eta = low = high = ema_eta = None
         if elapsed is not None:
-            eta, low, high = bar_eta(track.history, total, track.label, tqdm_left)
+            eta, low, high = bar_eta(track.history, total, track.label, tqdm_left, prior)
             ema = emas.get((key, instance))
             if ema is None:
                 ema = emas[(key, instance)] = TqdmEma(start=(0.0, 0) if use_elapsed else None)
@@ -88,7 +93,8 @@ def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str], int], flo
         rows.append(ReplayRow(line=track.last_line, key=key, instance=instance, label=p.label, n=p.n,
                               total=total, elapsed_s=elapsed, eta_s=eta, eta_low_s=low, eta_high_s=high,
                               tqdm_eta_s=tqdm_left, ema_eta_s=ema_eta, rate_s_per_it=p.rate_s_per_it,
-                              elapsed_clock=use_elapsed, resolution=1.0 if use_elapsed else 1e-3))
+                              elapsed_clock=use_elapsed, resolution=1.0 if use_elapsed else 1e-3,
+                              prior_s_per_item=prior))
 
     state.on_bar = on_bar
     splitter = FrameSplitter(state.feed_line, state.feed_frame, sample_bytes=0)  # every frame

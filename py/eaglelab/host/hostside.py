@@ -312,7 +312,14 @@ def _settle_lost(rec: dict) -> None:
     if ls.get("state") in ("completed", "failed"):
         rec.update(state=ls["state"], lost=False, adopted=True)
     elif ls.get("state") in ("running", "stalled"):
-        rec["log_state"] = {**ls, "state": "killed", "stall": None, "lost": True}
+        # A silent death: the process is gone and the log just stops, no exit line, no exit
+        # status. Said as such, with the last line it wrote (what it was doing when it died).
+        last = ls.get("last_line")
+        rec["log_state"] = {**ls, "state": "killed", "stall": None, "lost": True,
+                            "failure": ls.get("failure") or {
+                                "reason": "lost", "line": ls.get("last_line_no"), "process": None,
+                                "message": "the process is gone and its log ends with no exit line"
+                                           + (f"; last line: {last}" if last else "; the log is empty")}}
 
 
 def write_env_file(path: Path, env: dict) -> None:

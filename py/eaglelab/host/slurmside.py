@@ -43,8 +43,8 @@ END_STATES: dict[str, tuple[str, str | None]] = {
     "COMPLETED": ("completed", None),
     "FAILED": ("failed", None),
     "OUT_OF_MEMORY": ("failed", "host_oom_killed"),
-    "TIMEOUT": ("failed", "timeout"),
-    "DEADLINE": ("failed", "timeout"),
+    "TIMEOUT": ("failed", "time_limit"),  # the job ran past its time limit (slurmstepd: DUE TO TIME LIMIT)
+    "DEADLINE": ("failed", "time_limit"),
     "NODE_FAIL": ("failed", "node_fail"),
     "BOOT_FAIL": ("failed", "node_fail"),
     "PREEMPTED": ("killed", "preempted"),

@@ -37,6 +37,7 @@ class BarTrack:
     observations: int = 0                # how many were seen (history may hold fewer)
     restarts: int = 0                    # times the bar started again from a lower n
     first_ts: float | None = None        # the line timestamp of its first frame (bars with no elapsed)
+    prior_s_per_item: float | None = None  # its previous run's mean s/item (the epoch before): the history prior
 
     @property
     def finished(self) -> bool:
@@ -73,6 +74,10 @@ class BarBook:
                     self.current = track
                 return track, False
             if p.n < prev.n or (p.elapsed_s is not None and prev.elapsed_s is not None and p.elapsed_s < prev.elapsed_s):
+                if track.history:  # its mean rate is the next run's prior while that one is young
+                    n0, _t, e0, _r = track.history[-1]
+                    if e0 is not None and e0 > 0 and n0 and n0 > 0 and prev.elapsed_s is not None:
+                        track.prior_s_per_item = e0 / n0
                 track.history.clear()  # the same bar started over (next epoch, a retry)
                 track.restarts += 1
                 track.first_line = line

@@ -16,6 +16,13 @@ from dataclasses import dataclass
 
 # Most specific first: the first pattern that matches names the reason.
 _REASONS: list[tuple[str, re.Pattern[str]]] = [
+    # A device-side assert first: it surfaces inside NCCL errors and C++ aborts that would name
+    # something else (`NCCL error ... CUDA error: device-side assert triggered`); the kernel's own
+    # line is `File.cu:92: operator(): block: [0,0,0], thread: [0,0,0] Assertion `...` failed.`
+    ("cuda_assert", re.compile(
+        r"device-side assert triggered|cudaErrorAssert|\.cu:\d+: .*Assertion `|block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\] Assertion")),
+    # A scheduler's time limit (Slurm: `slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT ... DUE TO TIME LIMIT ***`)
+    ("time_limit", re.compile(r"DUE TO TIME LIMIT|\bexceeded (?:its |the )?time limit\b|\bTIME LIMIT\b.*\bCANCELLED\b")),
     ("cuda_oom", re.compile(
         r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|HIP out of memory"
         r"|No available memory for the cache blocks|CUBLAS_STATUS_ALLOC_FAILED"
@@ -32,17 +39,29 @@ _REASONS: list[tuple[str, re.Pattern[str]]] = [
         r"|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|CUDA driver error")),
     ("host_oom_killed", re.compile(
         r"^Killed\s*$|\bline \d+:\s+\d+ Killed\b|Killed process \d+|Out of memory: Kill|oom-kill|oom_kill"
-        r"|exitcode\s*: -9\b|Signal 9 \(SIGKILL\)|Signals\.SIGKILL|signal SIGKILL|died with signal 9")),
+        r"|exitcode\s*: -9\b|Signal 9 \(SIGKILL\)|Signals\.SIGKILL|signal SIGKILL|died with signal 9|got signal: 9\b")),
+    # A crash by SIGSEGV (the shell's `Segmentation fault`, torchrun's `exitcode: -11`, `Signal 11 (SIGSEGV)`)
+    ("segfault", re.compile(
+        r"Segmentation fault|SIGSEGV|exitcode\s*: -11\b|Signal 11\b|got signal: 11\b|died with signal 11\b")),
+    # Death by another signal: torchrun's `SignalException: Process 9 got signal: 15`, its summary's
+    # `exitcode: -15` / `Signal 15 (SIGTERM) received by PID`: not a Python exception of the stage's own.
+    ("signal", re.compile(
+        r"\bSignalException\b|got signal: \d+|exitcode\s*: -(?:1|2|3|6|7|8|10|13|14|15)\b"
+        r"|Signal (?:1|2|3|6|7|10|13|14|15) \(SIG\w+\) received|died with signal \d+")),
     ("import_error", re.compile(
         r"\b(?:ImportError|ModuleNotFoundError)\b|undefined symbol|cannot open shared object file|No module named")),
     ("timeout", re.compile(r"\bTimeoutError\b|\b(?:Read|Connect|Pool)Timeout\b|TimeoutExpired|DeadlineExceeded|timed out")),
     ("other", re.compile(
-        r"Segmentation fault|core dumped|Fatal Python error|Bus error|Floating point exception|Illegal instruction"
+        r"core dumped|Fatal Python error|Bus error|Floating point exception|Illegal instruction"
         r"|^jobwrap: cannot start|Aborted\s*$|terminate called after throwing")),
 ]
 # Named causes beat these two when a log has several candidates (a C++ abort's `terminate called`
 # is `other`, its `what():  CUDA error` line says why).
-GENERIC = frozenset(("other", "python_exception"))
+GENERIC = frozenset(("other", "python_exception", "killed"))
+# Causes that win over any other candidate of the log, wherever they stand: the scheduler's time
+# limit (the SIGTERM and tracebacks after it follow from it), a device-side assert (the NCCL error
+# or abort that reports it later, or first, follows from it).
+ROOT_CAUSES = ("time_limit", "cuda_assert")
 # Reasons a free-text line (not an exception line, not inside a traceback) is not enough for:
 # `'(ReadTimeoutError(...))' thrown while requesting HEAD ...` is a retry, not the end.
 _NEEDS_EXCEPTION = frozenset(("timeout",))
@@ -50,7 +69,15 @@ _NEEDS_EXCEPTION = frozenset(("timeout",))
 _GATE = re.compile(
     r"Error|error|Exception|Memory|memory|space|Errno|Full|quota|NCCL|nccl|Killed|Kill|kill|exitcode|SIGKILL|Signal"
     r"|undefined symbol|shared object|No module|Timeout|timed out|Deadline|fault|dumped|Fatal|Bus|Floating|Illegal"
-    r"|jobwrap|Aborted|Traceback|Interrupt|Exit|terminate|assert|CUDA|File \"")
+    r"|jobwrap|Aborted|Traceback|Interrupt|Exit|terminate|assert|Assertion|CUDA|File \"|TIME LIMIT|time limit|SIGSEGV"
+    r"|SIGTERM|got signal|death signal")
+# Logged at INFO or WARNING, still the end of the process when nothing follows: the process says
+# it was told to stop (`Received SIGTERM`, torchrun's `Received Signals.SIGTERM death signal`,
+# vLLM's `trigger received signal=SIGTERM`). A run that goes on afterwards survives it, like any
+# candidate; `Sending process 12 closing signal SIGTERM` (to another process) is not one.
+_KILLED_QUIET = re.compile(
+    r"(?:[Rr]eceived|[Rr]eceiving|got) (?:the )?(?:signal[ =:]*)?(?:Signals\.)?SIGTERM\b|SIGTERM received")
+_DEATH_SIGNAL = re.compile(r"Received (?:(?P<n>\d+)|Signals\.(?P<name>SIG\w+)) death signal")
 # A traceback's frame line: an excerpt (or a log read from the middle) can start inside one.
 _FRAME_RE = re.compile(r'\s*File "[^"]+", line \d+')
 # `ValueError: msg`, `torch.OutOfMemoryError: msg`, `KeyboardInterrupt` at the start of an unindented line.
@@ -59,6 +86,7 @@ _FATAL_NAME_RE = re.compile(r"(?:Error|Exception|Interrupt|Exit|Failure|Fault)$"
 _NOT_EXC = ("During handling", "The above exception", "Traceback", "Exception in thread")
 _TB_MAX_LINES = 400  # a traceback without its exception line after this many lines was cut off
 _QUIET_LEVELS = frozenset(("DEBUG", "INFO", "WARNING"))
+_EXITCODE_RE = re.compile(r"exitcode\s*: [1-9]\d*\b")
 
 
 @dataclass(slots=True)
@@ -86,8 +114,20 @@ class FailureRecognizer:
         self._tb_at: dict[str, tuple[int, str | None]] = {}  # prefix -> (its first line, a reason its lines named)
 
     def feed(self, prefix: str, level: str | None, message: str, lineno: int) -> Candidate | None:
+        if prefix not in self._tb and ("SIG" in message or "signal" in message):
+            # whatever the level (often INFO or WARNING): the process says it was told to stop
+            if _KILLED_QUIET.search(message):
+                return Candidate("killed", message.strip(), lineno, prefix, True)
+            m = _DEATH_SIGNAL.search(message)
+            if m is not None:  # torchrun's agent: `Received 15 death signal, shutting down workers`
+                term = m.group("n") == "15" or m.group("name") == "SIGTERM"
+                return Candidate("killed" if term else "signal", message.strip(), lineno, prefix, True)
         if level in _QUIET_LEVELS:
-            return None
+            # A wrapper that relays its child's stderr at INFO (`... - INFO - Traceback (most recent
+            # call last):`): the traceback is followed like any; a run that goes on survives it.
+            if level != "INFO" or (prefix not in self._tb and "Traceback (most recent call last)" not in message
+                                   and not _FRAME_RE.match(message)):
+                return None
         in_tb = prefix in self._tb
         if not in_tb and _GATE.search(message) is None:
             return None
@@ -128,6 +168,8 @@ class FailureRecognizer:
             reason = None
         if reason is not None:
             return Candidate(reason, text, lineno, prefix, True)
+        if _EXITCODE_RE.match(text):  # torchrun's summary: its child exited non-zero (the cause is above, or cut)
+            return Candidate("python_exception", text, lineno, prefix, False)
         if indented:
             return None
         m = _EXC_RE.fullmatch(text)

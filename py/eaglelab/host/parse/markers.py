@@ -19,8 +19,8 @@ import sys
 from .events import END, FAILURE, READY, Event, metric, num, phase_end, phase_start
 
 TAG = "eaglelab: "
-REASONS = ("cuda_oom", "host_oom_killed", "nccl_error", "disk_full", "import_error", "timeout",
-           "python_exception", "other")
+REASONS = ("cuda_oom", "cuda_assert", "cuda_error", "host_oom_killed", "nccl_error", "disk_full", "import_error",
+           "timeout", "time_limit", "segfault", "signal", "killed", "lost", "python_exception", "other")
 
 _PHASE_RE = re.compile(r"phase (?P<name>[\w.-]+) (?P<what>started|completed)(?: (?P<detail>.*))?$")
 _METRIC_RE = re.compile(r"metric (?P<name>[\w./-]+)=(?P<v>\S+)(?: step=(?P<step>\S+))?")

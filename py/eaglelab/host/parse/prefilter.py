@@ -14,7 +14,8 @@ and every recognizer costs ~8 µs; here a block of complete lines costs a few C 
 - The others change only three things, brought up to date before the next full line and at the
   end of the block: the last non-blank line (what a failure without a reason shows), the log clock
   (the last timed header: vLLM and glog headers, whose value needs only the year, which full-date
-  headers set, and those are triggers), and nothing else.
+  headers set, and those are triggers), and nothing else. Both are found from the end of the run
+  (the clock by a C search for a header time over the block's shapes), never line by line.
 - While a traceback is open (its lines matter whatever they say), every line takes the full path.
 
 Results are the same as feeding every line (tests/test_parse_golden.py, test_parse_prefilter.py).
@@ -51,7 +52,7 @@ _TRIGGERS = [
     *(_w(w) for w in training.GATE),                          # training plans (HF's banner, the train stage's)
     "(?:" + "|".join(map(_w, _METRIC_KEYS)) + r")[^\s,=]*=|lr=",  # a metric key (speculators._METRIC_KEY_RE)
     *(_w(w) for w in _FAILURE_WORDS),                         # any failure reason or traceback line (failures._GATE)
-    r"\[a+(?::| aay)|\[\?",                                   # a bar's `[elapsed` (`[1 day, `), Rich's `[hh:mm:ss]` (date-less: the clock needs it)
+    r"\[a+(?::| aay)|\[\?|%\|",                                # a bar's `[elapsed` (`[1 day, `), Rich's `[hh:mm:ss]` (date-less: the clock needs it), a frame cut at the width
     r"\x1b|[\x00-\x08\x0b-\x1f\x7f]|\[a{1,3}(?:;a{1,3})*m",     # colour codes, their remnants, control bytes
     r"aaaa-aa-aa[ T]aa:aa:aa(?:[.,]a+)?(?:Z|[+-]aa:?aa)?(?: - | \| | \[)",  # a full-date header (sets the clock's year)
 ]
@@ -104,7 +105,9 @@ class Shapes:
 def feed_block(st, blk: bytes, first: int, max_line: int, now: float | None) -> int | None:
     """blk's lines (complete, valid UTF-8, no \\r), numbered first, first+1, ..., into st; returns
     how many, or None (nothing fed) when one is over max_line bytes (the caller cuts it)."""
-    shapes = shapes_of(blk)
+    tblk = blk.translate(SHAPE_TABLE)
+    shapes = tblk.split(b"\n")
+    shapes.pop()
     flags = st.shapes.flags(shapes, max_line)
     if flags is None:
         return None
@@ -124,7 +127,7 @@ def feed_block(st, blk: bytes, first: int, max_line: int, now: float | None) -> 
         if j > i:
             start = off
             off += sum(map(len, shapes[i:j])) + (j - i)
-            _plain(st, blk, shapes, i, j, start, off, first)
+            _plain(st, blk, tblk, shapes, i, j, start, off, first)
         if j < n:
             end = off + len(shapes[j])
             st.feed_line(blk[off:end].decode(), first + j, now)
@@ -133,7 +136,8 @@ def feed_block(st, blk: bytes, first: int, max_line: int, now: float | None) -> 
     return n
 
 
-def _plain(st, blk: bytes, shapes: list[bytes], a: int, b: int, start: int, stop: int, first: int) -> None:
+def _plain(st, blk: bytes, tblk: bytes, shapes: list[bytes], a: int, b: int, start: int, stop: int,
+           first: int) -> None:
     """Lines a..b-1 (blk[start:stop]) have no trigger: only the last line shown and the clock move."""
     end = stop - 1  # the newline of line b-1
     for k in range(b - 1, a - 1, -1):
@@ -145,19 +149,24 @@ def _plain(st, blk: bytes, shapes: list[bytes], a: int, b: int, start: int, stop
         end = begin - 1
     # The clock: the last header with a time decides it (see above). One with an impossible date
     # gives None and changes nothing, so the last good one before it is read too, for the day.
+    # The timed lines are found from the end by a C search over the block's shapes (tblk), not
+    # line by line: between two lines that matter, a busy server writes hundreds of untimed ones.
     got = _NONE = object()
-    end = stop - 1
     clock = st.clock
-    for k in range(b - 1, a - 1, -1):
-        begin = end - len(shapes[k])
-        if _TIMED in shapes[k]:
-            rec = parse_record(split_prefix(blk[begin:end].decode()).message)
-            if rec.time is not None:
-                t = clock.seconds(rec)
-                if got is _NONE:
-                    got = t
-                if t is not None:
-                    break
-        end = begin - 1
+    hi = stop - 1  # search [start, hi): the lines not looked at yet
+    while hi > start:
+        pos = tblk.rfind(_TIMED, start, hi)
+        if pos < 0:
+            break
+        begin = max(tblk.rfind(b"\n", start, pos) + 1, start)
+        end = tblk.find(b"\n", pos, stop)
+        rec = parse_record(split_prefix(blk[begin:end].decode()).message)
+        if rec.time is not None:
+            t = clock.seconds(rec)
+            if got is _NONE:
+                got = t
+            if t is not None:
+                break
+        hi = begin
     if got is not _NONE:
         st._log_t = got

@@ -28,10 +28,10 @@ _NUM = r"\d+(?:\.\d+)?(?:e[+-]?\d+)?[kKMGTPEZY]?"
 # Anchored at the end of the frame: `[pct% (|bar| | Completed |)] n[/total][unit] [elapsed<remaining, rest]`
 _BAR_RE = re.compile(
     rf"(?:(?P<pct>\d{{1,3}}(?:\.\d+)?)%\s*(?:\|[^|]*\||Completed\s*\|)?\s*)?"
-    rf"(?P<n>{_NUM})(?:/(?P<total>{_NUM}|\?))?(?P<unit>[A-Za-z][\w/]*)?\s*"
+    rf"(?P<n>{_NUM})(?:/(?P<total>{_NUM}|\?))?(?P<unit> ?[A-Za-z][\w/]*)?\s*"
     rf"\[(?P<elapsed>{_TIME}|\?)(?:<(?P<remaining>{_TIME}|\?))?(?:,\s*(?P<rest>.*))?\]\s*$"
 )
-_RATE_RE = re.compile(r"\s*(?P<val>\?|\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s?(?P<si>[kKMGTPEZY]?)(?P<unit>s/\S+|[^\s/]+/s)\s*$")
+_RATE_RE = re.compile(r"\s*(?P<val>\?|\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s?(?P<si>[kKMGTPEZY]?)(?P<unit>s/ ?\S+|[^\s/]+/s)\s*$")
 # The `[elapsed<remaining, rate, postfix]` block that closes a frame, wherever it is in a line.
 _CLOSE_RE = re.compile(rf"\[(?:{_TIME}|\?)(?:<(?:{_TIME}|\?))?(?:,[^\]]*)?\]")
 _BAR_GROUPS = ("pct", "n", "total", "unit", "elapsed", "remaining", "rest")
@@ -142,6 +142,8 @@ def parse_bar(message: str, prefix: str = "") -> Progress | None:
         # `word 12 [00:01, ...]` without % or unit is not a bar frame tqdm prints.
         if rest is None:
             return None
+    if unit_s:
+        unit_s = unit_s.lstrip()  # HF datasets' unit=" examples": `47 examples [01:21, 2.04s/ examples]`
     n = int(n_s) if n_s.isdigit() else _number(n_s)
     total = None if total_s is None or total_s == "?" else int(total_s) if total_s.isdigit() else _number(total_s)
     unit = unit_s or "it"
@@ -160,6 +162,7 @@ def parse_bar(message: str, prefix: str = "") -> Progress | None:
                     s_per_it = rate
                 elif rate > 0:
                     s_per_it = 1.0 / rate
+            rate_unit = rate_unit.replace("s/ ", "s/")  # HF datasets' unit=" examples": `2.04s/ examples`
             if rate_unit.startswith("s/"):
                 unit = rate_unit[2:] if not unit_s else unit
             elif not unit_s:
@@ -171,6 +174,45 @@ def parse_bar(message: str, prefix: str = "") -> Progress | None:
     percent = float(pct) if pct is not None else (100.0 * n / total if total else None)
     return Progress(desc, n, total, unit, percent, parse_time(elapsed), parse_time(remaining),
                     rate, rate_unit or "", s_per_it, postfix, prefix)
+
+
+# A frame cut at the terminal's width (an 80- or 120-column window; the rest of the frame, its
+# `]` and often its `\r`, never reached the log): `desc:  39%|█████▏   | 37/96 [15:59` - the count
+# and total survive, the elapsed when it was not cut in the middle. Frames pasted one after another
+# without their `\r` each give one.
+_CUT_RE = re.compile(
+    rf"(?P<pct>\d{{1,3}})%\|[^|\n]*\|\s*(?P<n>{_NUM})/(?P<total>{_NUM})(?P<unit>[A-Za-z][\w/]*)?"
+    rf"(?:\s*\[(?:(?P<elapsed>{_TIME})(?=$|[^\d:]))?[^\]A-Za-z]*)?")
+
+
+def parse_cut_frames(message: str, prefix: str = "") -> tuple[list[Progress], str]:
+    """The frames of a line made of frames cut at the terminal width (no closing `]`), oldest first,
+    and the text after the last one; ([], message) when the line is not one."""
+    if "%|" not in message:
+        return [], message
+    out: list[Progress] = []
+    start = 0
+    for m in _CUT_RE.finditer(message):
+        desc = message[start:m.start()].rsplit("]", 1)[-1].strip()  # not the tail of a whole frame before it
+        start = m.end()
+        if desc.endswith(":"):
+            desc = desc[:-1].rstrip()
+        if desc[:1].islower() and out and out[-1].label.lower() == desc.lower():
+            desc = out[-1].label  # the window cut the first letter of one copy
+        pct, n_s, total_s, unit_s, elapsed = m.group("pct", "n", "total", "unit", "elapsed")
+        n, total = _number(n_s), _number(total_s)
+        if total <= 0 or n > total:
+            continue
+        out.append(Progress(label=desc, n=n, total=total, unit=unit_s or "it", percent=float(pct),
+                            elapsed_s=parse_time(elapsed), remaining_s=None, rate=None, rate_unit="",
+                            rate_s_per_it=None, prefix=prefix))
+    if out:  # the first copy's label may have lost letters the later ones kept
+        label = out[-1].label
+        for p in out:
+            if label.lower().endswith(p.label.lower()) or p.label.lower().endswith(label.lower()[1:]):
+                p.label = label
+        return out, message[start:]
+    return out, message
 
 
 def split_glued(message: str) -> tuple[str, str] | None:

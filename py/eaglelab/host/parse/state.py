@@ -17,9 +17,9 @@ from . import markers, prefilter, speculators, training, vllm
 from .ansi import strip_ansi
 from .bars import BarBook, BarTrack, line_timestamp
 from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, TRAIN_PLAN, TRAIN_STEP, Event
-from .failures import GENERIC, Candidate, FailureRecognizer
+from .failures import GENERIC, ROOT_CAUSES, Candidate, FailureRecognizer
 from .prefixes import follower, split_prefix
-from .progress import parse_bar, split_glued
+from .progress import parse_bar, parse_cut_frames, split_glued
 from .records import LogClock, parse_record
 from .stall import check_stall
 
@@ -40,7 +40,8 @@ _MOVING = frozenset((METRIC, PHASE_START, PHASE_END, READY, TRAIN_STEP))
 BarEta = Callable[[list, "float | None", str, "float | None"], tuple]
 
 
-def _tqdm_only(observations: list, total: float | None, label: str, remaining_s: float | None) -> tuple:
+def _tqdm_only(observations: list, total: float | None, label: str, remaining_s: float | None,
+               prior_s_per_item: float | None = None) -> tuple:
     return remaining_s, None, None
 
 
@@ -136,6 +137,14 @@ class LogState:
                 if p is not None:
                     self._on_bar(p, lineno, now, text)
                     msg = glued[1]
+        if "%|" in msg and not msg.rstrip().endswith("]"):
+            cut, rest = parse_cut_frames(msg, prefix)  # frames cut at the terminal's width
+            for p in cut:
+                self._on_bar(p, lineno, now, text)
+            if cut:
+                if not rest.strip():
+                    return
+                msg = rest  # a log line glued after the last cut frame
         rec = parse_record(msg)
         if rec.time is not None:
             self._log_t = self.clock.seconds(rec)
@@ -200,6 +209,8 @@ class LogState:
                 self._end_phase(None, lineno, now, None)
             else:
                 self.shutdown_line = lineno
+                # a clean shutdown after `received SIGTERM`: a stop that was asked for, not a failure
+                self.candidates = [(c, t) for c, t in self.candidates if c.reason != "killed"]
         elif kind == STALL_HINT:
             self.stuck_stats = self.stuck_stats + 1 if ev.value else 0
             self.stats_message = ev.message
@@ -302,6 +313,10 @@ class LogState:
         nccl_error, ...), else the first specific one (`other`), else the first."""
         if not self.candidates:
             return None
+        for root in ROOT_CAUSES:  # what the others follow from: a time limit's SIGTERM, an assert's NCCL error
+            for c, _ in self.candidates:
+                if c.reason == root:
+                    return c
         for c, _ in self.candidates:
             if c.specific and c.reason not in GENERIC:
                 return c
@@ -432,7 +447,7 @@ def _failure_json(c: Candidate | None) -> dict | None:
 
 def _progress_json(t: BarTrack, bar_eta: BarEta) -> dict:
     p = t.latest
-    eta_s, eta_low_s, eta_high_s = bar_eta(t.history, p.total, t.label, p.remaining_s)
+    eta_s, eta_low_s, eta_high_s = bar_eta(t.history, p.total, t.label, p.remaining_s, t.prior_s_per_item)
     return {"label": p.label, "prefix": p.prefix or None, "n": p.n, "total": p.total, "unit": p.unit,
             "percent": p.percent, "rate_s_per_it": p.rate_s_per_it, "elapsed_s": p.elapsed_s,
             "eta_s": seconds(eta_s), "eta_low_s": seconds(eta_low_s), "eta_high_s": seconds(eta_high_s),

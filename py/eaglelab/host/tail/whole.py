@@ -8,12 +8,13 @@ from ..parse.state import LogState
 from .frames import SAMPLE_BYTES, FrameSplitter
 
 
-def bar_eta(observations: list, total: float | None, label: str, remaining_s: float | None) -> tuple:
+def bar_eta(observations: list, total: float | None, label: str, remaining_s: float | None,
+            prior_s_per_item: float | None = None) -> tuple:
     """The estimator (eaglelab.eta.bar_eta), imported on first use: it pulls numpy, which a log with
     no progress bar never needs."""
     from eaglelab.eta.estimator import bar_eta as estimate
 
-    return estimate(observations, total, label, remaining_s)
+    return estimate(observations, total, label, remaining_s, prior_s_per_item)
 
 
 CHUNK = 1 << 20  # one buffer, reused for every read (measured: 1-4 MiB read fastest)

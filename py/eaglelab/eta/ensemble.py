@@ -1,0 +1,204 @@
+"""Simple estimators run side by side on one bar, weighted by how well each one predicted this
+bar's own past frames (an online backtest: only frames already seen, no future data).
+
+Candidates (each a per-item time as it stood at every first-reach observation of the bar):
+  fit      the trend/regime fit (estimator.estimate_bar), recorded whenever it was computed
+  ema      tqdm's smoothed rate (EMA of the steps between observations, smoothing 0.3)
+  slope    the rate over the last SLOPE_OBS observations (at least two clock ticks)
+  mean     the whole history's mean rate (kept for the record, not weighed: see USE)
+  printed  the rate the line itself printed (tqdm's EMA on its exact clock)
+The backtest: from every earlier observation j, each candidate's rate then predicts the time the
+bar took from j for as many items as are left now (or as many as were done since, when fewer);
+the error is |log(predicted / actual)|. The candidates' recent squared errors (recent pairs weigh
+more) give their weights now (inverse mean squared error, squared: the better one dominates).
+A bar too young to judge (fewer than MIN_PAIRS backtest pairs) leans on the history prior when
+there is one (an earlier run of the same bar, an earlier epoch), else on the fit alone.
+The range: the weighted quantiles of the combined predictor's own backtest errors, widened for
+few pairs, mixed (log scale) with the fit's range while the backtest is thin.
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+CANDIDATES = ("fit", "ema", "slope", "mean", "printed")
+SLOPE_OBS = 5  # the recent slope's window, in observations (the bench's "recent slope" baseline)
+EMA_ALPHA = 0.3  # tqdm's smoothing
+MIN_PAIRS = 3  # a candidate needs this many backtest pairs to be judged
+PAIR_RECENCY = 8.0  # backtest pairs' weights fall as exp(-age / max(PAIR_RECENCY, pairs / 3))
+HORIZON_POWER = 1.0
+# ... and grow as (pair's horizon / items left now) ** HORIZON_POWER
+PAIR_MIN_TICKS = 2.0  # a pair spans at least this many clock ticks (whole seconds: shorter is noise)
+QUANT_NOISE = 1.0  # share of the clock's rounding variance taken out of each candidate's error
+WEIGHT_POWER = 2.0  # candidate weight = MSE ** -WEIGHT_POWER
+MSE_FLOOR = 1e-4  # (1% log error): below it candidates are equally good
+PRIOR_PAIRS = 2.0  # the history prior counts as this many backtest pairs of its own
+RANGE_Q = 0.1  # the range spans the combined errors' RANGE_Q .. 1 - RANGE_Q quantiles ...
+RANGE_SCALE = 1.5  # ... times this (horizon growth, model risk)
+RANGE_PAIRS = 6.0  # pairs at which the backtest's range and the fit's weigh the same
+RANGE_FLOOR = 0.06  # never narrower than +-6%
+MAX_OBS = 512
+# The candidates weighed. The whole-history mean is computed (the bench's baseline) but left out:
+# on the tuning logs it was never the one that helped (a bar whose rate holds is the fit's anyway).
+USE = ("fit", "ema", "slope", "printed")
+
+
+class Candidates:
+    """One bar's first-reach observations and every candidate's per-item time at each of them."""
+
+    def __init__(self, resolution: float = 1.0) -> None:
+        self.resolution = resolution
+        self.t: list[float] = []
+        self.n: list[float] = []
+        self.rates: dict[str, list[float]] = {c: [] for c in CANDIDATES}
+        self._ema = [0.0, 0.0, 0]  # smoothed dn, smoothed dt, updates
+        self._ema_from: tuple[float, float] | None = None
+
+    def add(self, t: float, n: float, printed: float | None) -> None:
+        if self.n and (n <= self.n[-1] or t < self.t[-1]):
+            return
+        if not self.n:
+            self._ema_from = (t, n)
+        self.t.append(t)
+        self.n.append(n)
+        i = len(self.n) - 1
+        nan = math.nan
+        r = self.rates
+        # mean: from the bar's start when the clock is its own elapsed (t0 > 0 at the first point
+        # means time had passed before it), else from the first observation
+        t0, n0 = self.t[0], self.n[0]
+        if t0 > 0 and n > 0:
+            r["mean"].append(t / n)
+        elif n > n0 and t > t0:
+            r["mean"].append((t - t0) / (n - n0))
+        else:
+            r["mean"].append(nan)
+        j = max(i - (SLOPE_OBS - 1), 0)
+        while j > 0 and t - self.t[j] < 2 * self.resolution:
+            j -= 1
+        dt, dn = t - self.t[j], n - self.n[j]
+        r["slope"].append(dt / dn if dn > 0 and dt >= 2 * self.resolution else nan)
+        if self._ema_from is not None and i > 0:
+            dt, dn = t - self._ema_from[0], n - self._ema_from[1]
+            if dt > 0 and dn > 0:
+                a = EMA_ALPHA
+                self._ema[0] = a * dn + (1 - a) * self._ema[0]
+                self._ema[1] = a * dt + (1 - a) * self._ema[1]
+                self._ema[2] += 1
+                self._ema_from = (t, n)
+        if self._ema[2]:
+            bias = 1 - (1 - EMA_ALPHA) ** self._ema[2]
+            r["ema"].append((self._ema[1] / bias) / (self._ema[0] / bias))
+        else:
+            r["ema"].append(nan)
+        r["printed"].append(printed if printed and printed > 0 else nan)
+        r["fit"].append(nan)
+        if len(self.n) > MAX_OBS:  # thin the older three quarters evenly, like the tracker
+            cut = (3 * len(self.n)) // 4
+            keep = lambda xs: xs[0:1] + xs[2:cut:2] + xs[cut:]
+            self.t, self.n = keep(self.t), keep(self.n)
+            for c in CANDIDATES:
+                self.rates[c] = keep(self.rates[c])
+
+    def set_fit(self, rate: float) -> None:
+        """The fit's per-item time at the latest observation (recorded when it is computed)."""
+        if self.n and rate > 0:
+            self.rates["fit"][-1] = rate
+
+
+def _wquantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
+    order = np.argsort(x)
+    cw = np.cumsum(w[order])
+    return float(x[order][min(np.searchsorted(cw, q * cw[-1]), len(x) - 1)])
+
+
+def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low: float | None,
+            fit_high: float | None, prior_s_per_item: float | None = None
+            ) -> tuple[float, float, float, dict] | None:
+    """(items_s, low_items_s, high_items_s, weights) for the `remaining` items from the latest
+    observation, or None when there is nothing to go on. fit_*: the fit's own time for the items
+    left and its range (before the item in progress is counted)."""
+    m = len(c.n) - 1
+    if m < 0 or remaining <= 0:
+        return None
+    T, N = np.asarray(c.t), np.asarray(c.n)
+    R = {k: np.asarray(v, float) for k, v in c.rates.items()}
+    now_items = {k: R[k][m] * remaining for k in USE if k != "fit" and np.isfinite(R[k][m])}
+    if fit_items_s is not None and fit_items_s > 0 and "fit" in USE:
+        now_items["fit"] = fit_items_s
+    # backtest pairs: from j, the time to do min(remaining, done since j) items
+    pairs_j, pairs_items, pairs_actual = [], [], []
+    if m >= 1:
+        js = np.arange(m)
+        h = np.minimum(remaining, N[m] - N[js])
+        k = np.searchsorted(N, N[js] + h - 1e-9, side="left")
+        k = np.minimum(k, m)
+        items, actual = N[k] - N[js], T[k] - T[js]
+        ok = (items > 0) & (actual >= PAIR_MIN_TICKS * c.resolution)
+        pairs_j, pairs_items, pairs_actual = js[ok], items[ok], actual[ok]
+    weights: dict[str, float] = {}
+    errs: dict[str, np.ndarray] = {}
+    npairs = len(pairs_j)
+    pw = np.zeros(0)
+    if npairs:
+        # recent pairs weigh more, and so do pairs whose horizon is the one asked for now: a pair
+        # that could only look a few items ahead says little about the many left
+        age = m - pairs_j
+        pw = np.exp(-age / max(PAIR_RECENCY, npairs / 3.0)) * (pairs_items / max(remaining, 1e-9)) ** HORIZON_POWER
+        for k_ in now_items:
+            rj = R[k_][pairs_j]
+            fin = np.isfinite(rj)
+            if fin.sum() < MIN_PAIRS:
+                continue
+            e = np.log(rj[fin] * pairs_items[fin] / pairs_actual[fin])
+            # the clock's own rounding (two whole-second readings: variance res^2 / 6 of the time
+            # taken) is in every candidate's error alike: taken out, the differences show
+            noise = QUANT_NOISE * (c.resolution / pairs_actual[fin]) ** 2 / 6.0
+            mse = float(np.sum(pw[fin] * (e * e - noise)) / np.sum(pw[fin]))
+            weights[k_] = max(mse, MSE_FLOOR) ** -WEIGHT_POWER
+            errs[k_] = e
+    if not weights:
+        # too young to judge: the fit, leaning on the history prior while the bar is short
+        if prior_s_per_item and prior_s_per_item > 0:
+            p_items = prior_s_per_item * remaining
+            if fit_items_s is None:
+                return p_items, p_items / 3.0, p_items * 3.0, {"prior": 1.0}
+            wf = max(len(c.n) - 1, 0) / (max(len(c.n) - 1, 0) + PRIOR_PAIRS)
+            lp = wf * math.log(fit_items_s) + (1 - wf) * math.log(p_items)
+            lo = min(fit_low or fit_items_s, p_items / 2.0)
+            hi = max(fit_high or fit_items_s, p_items * 2.0)
+            return math.exp(lp), min(lo, math.exp(lp)), max(hi, math.exp(lp)), {"fit": wf, "prior": 1 - wf}
+        return None
+    tot = sum(weights.values())
+    weights = {k_: v / tot for k_, v in weights.items()}
+    lp = sum(w * math.log(now_items[k_]) for k_, w in weights.items())
+    items_s = math.exp(lp)
+    # the combined predictor's own backtest errors (each pair: the weighted candidates available then)
+    num = np.zeros(npairs)
+    den = np.zeros(npairs)
+    for k_, w in weights.items():
+        rj = R[k_][pairs_j]
+        fin = np.isfinite(rj)
+        num[fin] += w * np.log(np.where(fin, rj, 1.0) * pairs_items / pairs_actual)[fin]
+        den[fin] += w
+    have = den > 0
+    e = num[have] / den[have]
+    pw = pw[have]
+    if len(e) >= 2:
+        lo_q, hi_q = _wquantile(e, pw, RANGE_Q), _wquantile(e, pw, 1 - RANGE_Q)
+    else:
+        lo_q = hi_q = 0.0
+    # the truth is lower where the past over-predicted (e > 0)
+    up = max(-lo_q, 0.0) * RANGE_SCALE
+    down = max(hi_q, 0.0) * RANGE_SCALE
+    neff = float(np.sum(pw) ** 2 / np.sum(pw * pw)) if len(e) else 0.0
+    if fit_low is not None and fit_high is not None and fit_items_s:
+        f_up = math.log(max(fit_high, fit_items_s) / fit_items_s)
+        f_down = math.log(fit_items_s / max(min(fit_low, fit_items_s), 1e-9))
+        a = neff / (neff + RANGE_PAIRS)
+        up, down = a * up + (1 - a) * f_up, a * down + (1 - a) * f_down
+    up, down = max(up, RANGE_FLOOR), max(down, RANGE_FLOOR)
+    return items_s, items_s * math.exp(-down), items_s * math.exp(up), weights

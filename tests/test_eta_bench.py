@@ -1,0 +1,44 @@
+"""A fast regression check on a small fixed part of the ETA bench (bench/bench_eta.py, `make bench-eta`
+runs the whole corpus): a few tuning logs of each kind and two synthetic scenarios, ours beside the
+simple rules, scored the same way."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_eta  # noqa: E402
+
+PART = ["bench/corpus/real/vllm-38476-b-85shards-drift.log",  # a step up mid-load
+        "bench/corpus/real/lvllm-78-48shards.log",            # steady
+        "bench/corpus/real/sglang-2362-26shards.log",          # slowly drifting
+        "tests/fixtures/logs/public/vllm_tp_slow_shards.log"]
+SYNTHETIC = ("seeds_like_drift_64", "speedup_warm_cache_85")
+
+
+def _scores() -> list:
+    splits = {p: sp for p, _src, sp in bench_eta.load_split()}
+    out = []
+    for path in PART:
+        assert splits[path] == "tuning"  # never a held-out log in a test that guards the constants
+        out += bench_eta.score_text(path, "tuning", (ROOT / path).read_text(errors="replace"), None)[0]
+    logs = bench_eta.synthetic_logs()
+    for name in SYNTHETIC:
+        out += bench_eta.score_text(name, "synthetic", logs[name], None)[0]
+    return out
+
+
+def test_the_estimator_stays_level_with_the_simple_rules_on_a_fixed_part_of_the_bench():
+    # 2026-12-04: ours 0.087, tqdm 0.113, EMA 0.106, recent slope 0.081, mean rate 0.200, coverage 82%
+    scores = _scores()
+    assert len(scores) == len(PART) + len(SYNTHETIC)
+    fig = bench_eta.figures(scores)
+    assert fig["ours"] < min(fig["tqdm"], fig["ema"], fig["mean"]), fig
+    assert fig["ours"] <= 1.15 * fig["slope"], fig
+    assert 0.7 <= fig["coverage"] <= 0.95, fig
+    per_bar = [statistics.median(s.errs["ours"]) for s in scores]
+    assert max(per_bar) < 0.5, per_bar
