@@ -35,14 +35,14 @@ SHARED = {
 }
 GROUP_OF = {stem: group for group, stems in SHARED.items() for stem in stems}
 
-# Seconds each long group took in a serial run on the idle 2-core machine (2026-12-04, 895 tests in
-# 2,808 s; demo_spread since less by the testlab's resolver fix): the order the groups start in.
+# Seconds each long group took in ci8 (a fresh clone on the idle 2-core machine, 3 workers,
+# 2026-12-04: 985 tests, 2,476 s of test time): the order the groups start in.
 # A group not named here counts as short and keeps its collection order after these.
 WEIGHT_S: dict[str, float] = {
-    "test_demo_spread": 947, "test_pipeline_e2e": 310, "tiny_drafter": 286, "netlab": 207,
-    "test_foresight_demo": 192, "slurm": 168, "test_extract": 111, "test_train_repeat": 97, "test_cron": 82,
-    "test_runs_lifecycle": 73, "test_pilot": 54, "test_train_progress": 44, "test_side_jobs": 34,
-    "test_gates": 30, "test_web_crawl": 26, "test_idle_services": 21,
+    "test_demo_spread": 411, "test_pipeline_e2e": 333, "tiny_drafter": 328, "netlab": 240,
+    "test_foresight_demo": 182, "slurm": 176, "test_train_repeat": 123, "test_extract": 114,
+    "test_runs_lifecycle": 86, "test_cron": 73, "test_pilot": 59, "test_train_progress": 49,
+    "test_idle_services": 40, "test_side_jobs": 32, "test_gates": 30, "test_web_crawl": 28,
 }
 
 
