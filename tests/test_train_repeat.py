@@ -139,3 +139,73 @@ def test_the_real_drafter_passes_preflight_against_the_installed_vllm(mini):
     assert preflight.drafter_needs(found["scratch/drafter"]) == [
         "norm_before_residual", "norm_before_fc", "norm_output", "sliding_window"]  # speculators 0.9.0's defaults
     assert preflight.check_drafter(found, vllm_support.installed(), "local").ok is True
+
+
+def _specforge_copy(drafter: Path, dest: Path) -> Path:
+    """The drafter as SpecForge/TorchSpec publish one (the public Kimi-K2.5 drafter's layout): a
+    Llama-style config naming LlamaForCausalLMEagle3, the decoder layer under `midlayer.*`."""
+    from safetensors.torch import save_file
+
+    cfg = json.loads((drafter / "config.json").read_text())
+    layer = cfg["transformer_layer_config"]
+    dest.mkdir()
+    (dest / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+        "draft_vocab_size": cfg["draft_vocab_size"], "norm_before_fc": True, "norm_output": True,
+        "torch_dtype": "bfloat16", "rope_theta": layer["rope_parameters"]["rope_theta"],
+        **{k: layer[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                 "head_dim", "hidden_act", "rms_norm_eps", "max_position_embeddings", "vocab_size")}}))
+    save_file({k.replace("layers.0.", "midlayer."): v for k, v in _tensors(drafter / "model.safetensors").items()},
+              str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
+def test_a_specforge_drafter_is_converted_and_its_vocabulary_adopted(mini, tmp_path):
+    """Kimi-K2.5's public drafter: SpecForge layout (converted by speculators' Eagle3Converter) and a
+    draft vocabulary of its own (`adopt`: trained with its d2t/t2d, whatever the vocab stage built)."""
+    import torch
+
+    if not (mini / "vocab96").exists():
+        run_stage("vocab", "--data", str(mini / "prepared"), "--model", str(mini / "model"),
+                  "--draft-vocab-size", "96", "--out", str(mini / "vocab96"))
+    drafter = mini / "scratch" / "drafter"
+    public = _specforge_copy(drafter, tmp_path / "kimi-like-eagle3")
+    p = _train(mini, tmp_path / "adopted", "--warm-start", str(public), "--warm-start-vocab", "adopt",
+               vocab="vocab96", size="128", epochs="1", lr="1e-12")
+    assert "SpecForge/TorchSpec layout; converting it with speculators' Eagle3Converter" in p.stdout
+    assert "the draft vocabulary is the drafter's own (128 tokens" in p.stdout
+    got, had = _tensors(tmp_path / "adopted" / "drafter" / "model.safetensors"), _tensors(drafter / "model.safetensors")
+    for key in ("d2t", "t2d", "lm_head.weight", "fc.weight", "layers.0.self_attn.q_proj.weight"):
+        assert torch.equal(got[key], had[key]), key  # lr ~0: the converted drafter's weights, its own vocabulary
+    wrong = _train(mini, tmp_path / "wrong", "--warm-start", str(public), "--warm-start-vocab", "adopt",
+                   vocab="vocab96", size="96", check=False)
+    assert wrong.returncode != 0 and "the drafter drafts 128 tokens, --draft-vocab-size is 96" in wrong.stderr
+    assert "set the var draft_vocab_size to 128" in wrong.stderr
+
+
+def test_the_verifier_lm_head_is_found_under_the_models_own_prefix(mini, tmp_path):
+    """Kimi-K2.5 (a vision-language model) keeps `language_model.lm_head.weight`: a rebuild reads it there."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from eaglelab.errors import StageError
+    from eaglelab.stages import warm_start
+
+    vl = tmp_path / "vl_model"
+    shutil.copytree(mini / "model", vl, ignore=shutil.ignore_patterns("*.safetensors*"))
+    weights = {}
+    for f in sorted((mini / "model").glob("*.safetensors")):
+        weights.update(_tensors(f))
+    save_file({f"language_model.{k}": v for k, v in weights.items()}, str(vl / "model-00001-of-00001.safetensors"))
+    (vl / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {f"language_model.{k}": "model-00001-of-00001.safetensors" for k in weights}}))
+    ids = [0, 7, 100]
+    rows, want = warm_start.verifier_lm_head_rows(vl, ids), warm_start.verifier_lm_head_rows(mini / "model", ids)
+    assert all(torch.equal(rows[i], want[i]) for i in ids)
+    save_file({"model.norm.weight": weights["model.norm.weight"]}, str(vl / "model-00001-of-00001.safetensors"))
+    (vl / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "model-00001-of-00001.safetensors"}}))
+    with pytest.raises(StageError, match="no lm_head.weight .nor \\*.lm_head.weight, nor tied embeddings"):
+        warm_start.verifier_lm_head_rows(vl, ids)

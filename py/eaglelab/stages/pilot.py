@@ -348,6 +348,9 @@ def replay(records: list[dict], why: str, echo) -> None:
               help="> 0: also the sampled forecast at this temperature (eval_temperature)")
 @click.option("--acceptance-top-p", default=1.0, show_default=True, help="the sampled forecast's top-p (eval_top_p)")
 @click.option("--seed", default=42, show_default=True)
+@click.option("--warm-start", default="", help="train from this drafter, as the full train does (its --warm-start)")
+@click.option("--warm-start-vocab", type=click.Choice(["check", "rebuild", "adopt"]), default="check", show_default=True,
+              help="as train's --warm-start-vocab")
 @click.option("--trust-remote-code/--no-trust-remote-code", default=False, help="the target needs custom code")
 @click.option("--extract-backend", type=click.Choice(["transformers", "vllm"]), default="transformers",
               show_default=True, help="transformers: a local forward pass (no second server beside synth's)")
@@ -357,7 +360,8 @@ def replay(records: list[dict], why: str, echo) -> None:
               help="vllm backend: that server's --hidden-states-path")
 def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: float, aux_layers: str, seq_length: int,
          draft_vocab_size: int, epochs: int, lr: float, loss_fn: str, device: str, acceptance_k: int,
-         acceptance_temperature: float, acceptance_top_p: float, seed: int, trust_remote_code: bool, extract_backend: str, extract_endpoint: str, extract_staging: Path | None) -> None:
+         acceptance_temperature: float, acceptance_top_p: float, seed: int, warm_start: str, warm_start_vocab: str,
+         trust_remote_code: bool, extract_backend: str, extract_endpoint: str, extract_staging: Path | None) -> None:
     """Run the pilot slice: synth's first rows through prepare, extract, vocab and a short train."""
     t0 = time.monotonic()
     echo = lambda m: click.echo(m)
@@ -372,6 +376,7 @@ def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: floa
     params = {"synth": str(source), "samples": samples, "model": str(model), "aux_layers": aux_layers,
               "seq_length": seq_length, "draft_vocab_size": draft_vocab_size, "epochs": epochs, "lr": lr,
               "loss_fn": loss_fn, "acceptance_k": acceptance_k, "seed": seed, "extract_backend": extract_backend,
+              **({"warm_start": warm_start, "warm_start_vocab": warm_start_vocab} if warm_start else {}),
               **({"acceptance_temperature": acceptance_temperature, "acceptance_top_p": acceptance_top_p}
                  if acceptance_temperature > 0 else {})}
     d = {k: out_dir / v for k, v in DIRS.items()}
@@ -419,7 +424,9 @@ def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: floa
                    "--draft-vocab-size", str(draft_vocab_size), "--epochs", str(epochs), "--lr", str(lr),
                    "--loss-fn", loss_fn, "--total-seq-len", str(seq_length), "--device", device,
                    "--acceptance-k", str(acceptance_k), "--acceptance-temperature", str(acceptance_temperature),
-                   "--acceptance-top-p", str(acceptance_top_p), "--seed", str(seed), *tr],
+                   "--acceptance-top-p", str(acceptance_top_p), "--seed", str(seed), *tr,
+                   # the forecast is of the drafter the full train will make: from the same start
+                   *(["--warm-start", warm_start, "--warm-start-vocab", warm_start_vocab] if warm_start else [])],
          [d["prepare"], d["extract"], d["vocab"]]),
     ]
     ledger = Ledger(out_dir / LEDGER)

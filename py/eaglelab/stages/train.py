@@ -221,8 +221,9 @@ def speculators_argv(*, model: Path, data: Path, hidden_states: Path, vocab: Pat
               help="> 0: the estimate also forecasts sampled serving at this temperature (eval_temperature)")
 @click.option("--acceptance-top-p", default=1.0, show_default=True, help="the sampled forecast's top-p (eval_top_p)")
 @click.option("--warm-start", default="", help="start from this EAGLE-3 drafter (a directory or a hub id); '': from scratch")
-@click.option("--warm-start-vocab", type=click.Choice(["check", "rebuild"]), default="check", show_default=True,
-              help="check: the drafter's d2t must equal the vocab stage's; rebuild: remap its lm_head to it")
+@click.option("--warm-start-vocab", type=click.Choice(["check", "rebuild", "adopt"]), default="check", show_default=True,
+              help="check: the drafter's d2t must equal the vocab stage's; rebuild: remap its lm_head to it; "
+                   "adopt: train with the drafter's own d2t/t2d")
 @click.option("--seed", default=42, show_default=True, help="torch/numpy/random seed (speculators' --seed)")
 @click.option("--smoke-steps", default=0, show_default=True,
               help=">0: a smoke test of this very command while extraction still runs: this many steps on the "
@@ -263,7 +264,7 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
         raise StageError(f"{hidden_states / manifest.NAME}: hidden states are for other prepared data "
                          f"({hs['counts']['samples']} samples, data {hs['params'].get('data')}; prepared: "
                          f"{prep['counts']['samples']}, {prep['fingerprint']}). Fix: rerun extract")
-    if voc["params"]["draft_vocab_size"] != draft_vocab_size:
+    if voc["params"]["draft_vocab_size"] != draft_vocab_size and not (warm_start and warm_start_vocab == "adopt"):
         raise StageError(f"{vocab / manifest.NAME}: draft vocab {voc['params']['draft_vocab_size']} != "
                          f"--draft-vocab-size {draft_vocab_size}; rerun vocab with the same size")
     if voc["params"].get("data") != prep["fingerprint"]:
@@ -271,20 +272,29 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
 
     drafter, vocab_differs = None, None
     if warm_start:  # before the (long) start: the drafter fits this target, these layers, this vocabulary
-        drafter = warm.resolve(warm_start)
+        drafter = warm.converted(warm.resolve(warm_start), model, aux,
+                                 out_dir.with_name(out_dir.name + ".warm_start_converted"), click.echo)
+        if warm_start_vocab == "adopt":  # the drafter's vocabulary is this training's: the vocab stage's is not used
+            d2t, _ = warm.drafter_vocab(drafter)
+            if len(d2t) != draft_vocab_size:
+                raise StageError(f"--warm-start {warm_start} --warm-start-vocab adopt: the drafter drafts {len(d2t):,} "
+                                 f"tokens, --draft-vocab-size is {draft_vocab_size:,}. Fix: set the var "
+                                 f"draft_vocab_size to {len(d2t)}")
+            vocab = warm.adopt_vocab(drafter, out_dir.with_name(out_dir.name + ".warm_start_vocab"))
+            click.echo(f"train: the draft vocabulary is the drafter's own ({len(d2t):,} tokens, in {vocab})")
         vocab_differs = warm.check(drafter, vocab, aux, cfg["hidden_size"])
         if vocab_differs and warm_start_vocab == "check":
             raise StageError(f"--warm-start {warm_start}: {vocab_differs}. speculators would put this vocabulary's "
                              "d2t under the drafter's lm_head, so each row would predict another token. Fix: set "
                              "the var warm_start_vocab to rebuild (keeps the drafter's rows for the tokens in both "
-                             "vocabularies, the verifier's lm_head rows for the new ones), or draft_vocab_size and "
-                             "the vocab stage to the drafter's vocabulary, or train from scratch (warm_start: '')")
+                             "vocabularies, the verifier's lm_head rows for the new ones), or to adopt (train with the "
+                             "drafter's own d2t/t2d), or train from scratch (warm_start: '')")
 
     params = {"data": prep["fingerprint"], "hidden_states": hs["fingerprint"] if hs else None, "vocab": voc["fingerprint"],
               "aux_layers": aux, "epochs": epochs, "lr": lr, "total_seq_len": total_seq_len,
               "loss": loss_implementation, "loss_fn": loss_fn, "max_steps": max_steps, "ttt_steps": ttt_steps,
               "extra": list(extra), "seed": seed,
-              **({"warm_start": {"drafter": warm.fingerprint(drafter), "vocab": "rebuilt" if vocab_differs else "same"}}
+              **({"warm_start": {"drafter": warm.fingerprint(drafter), "vocab": "adopted" if warm_start_vocab == "adopt" else "rebuilt" if vocab_differs else "same"}}
                  if drafter else {})}
     if not smoke_steps and manifest.is_complete(out_dir, params):
         click.echo(f"train: {out_dir} is complete ({manifest.read(out_dir)['counts']}); skipping")

@@ -9,9 +9,15 @@ or the drafter is rebuilt explicitly for the new vocabulary (`rebuild`): lm_head
 drafter's for the tokens both vocabularies hold and the verifier's own lm_head rows for the new
 ones, with the new d2t/t2d.
 
+Or (`adopt`) training takes the drafter's own vocabulary: its d2t/t2d, as they are, for this run.
+
 Either way training loads a staged copy (<out>/warm_start/) whose config names THIS target as its
 verifier: speculators loads the verifier's embeddings and lm_head from the path in the drafter's
 config, which for a public drafter is a hub id (a 1 T download on a host that may have no network).
+
+A drafter in the SpecForge/TorchSpec layout (the public Kimi-K2.5 drafter: a Llama-style config
+with `architectures: [LlamaForCausalLMEagle3]`, its decoder layer under `midlayer.*`) is converted
+first, with speculators' own Eagle3Converter, into a cache beside train's output.
 """
 
 from __future__ import annotations
@@ -47,6 +53,53 @@ def resolve(source: str) -> Path:
     except Exception as e:  # noqa: BLE001 - the hub's errors are many; the message says which
         raise StageError(f"warm_start {source!r}: could not fetch it from the hub ({type(e).__name__}: {e}); "
                          "download it where the host can reach it and set warm_start to that directory") from None
+
+
+def layout(drafter: Path) -> str:
+    """'speculators', 'specforge' (convertible by speculators' Eagle3Converter), or what else it says."""
+    cfg = json.loads((drafter / "config.json").read_text())
+    if cfg.get("speculators_model_type"):
+        return "speculators"
+    if any("eagle3" in str(a).lower() for a in cfg.get("architectures") or []):
+        return "specforge"
+    return f"unknown (architectures {cfg.get('architectures')!r}, no speculators_model_type)"
+
+
+def converted(drafter: Path, verifier: Path, aux_layers: list[int], cache: Path, echo) -> Path:
+    """The drafter in speculators' layout: itself, or its conversion (made once, kept in cache by the
+    source's fingerprint: a second training does not convert again)."""
+    kind = layout(drafter)
+    if kind == "speculators":
+        return drafter
+    if kind != "specforge":
+        raise StageError(f"{drafter / 'config.json'}: a drafter layout eaglelab cannot read: {kind}. Fix: convert "
+                         "it to speculators' format (`speculators convert`), or point warm_start at a speculators "
+                         "EAGLE-3 checkpoint")
+    dest = cache / fingerprint(drafter)
+    if (dest / "config.json").is_file() and (dest / WEIGHTS).is_file():
+        return dest
+    from speculators.convert.eagle.eagle3_converter import Eagle3Converter
+
+    echo(f"train: warm start drafter {drafter} is in the SpecForge/TorchSpec layout; converting it with "
+         f"speculators' Eagle3Converter into {dest}")
+    part = dest.with_name(dest.name + ".partial")
+    if part.exists():
+        shutil.rmtree(part)
+    Eagle3Converter().convert(drafter, part, base_model=str(verifier), validate=False,
+                              eagle_aux_hidden_state_layer_ids=list(aux_layers))
+    if dest.exists():
+        shutil.rmtree(dest)
+    part.rename(dest)  # whole or absent: a killed conversion is redone, never half read
+    return dest
+
+
+def adopt_vocab(drafter: Path, dest: Path) -> Path:
+    """The drafter's own d2t/t2d as a vocab directory (what `--warm-start-vocab adopt` trains with)."""
+    d2t, t2d = drafter_vocab(drafter)
+    dest.mkdir(parents=True, exist_ok=True)
+    np.save(dest / "d2t.npy", d2t)
+    np.save(dest / "t2d.npy", t2d)
+    return dest
 
 
 def fingerprint(drafter: Path) -> str:
@@ -149,14 +202,42 @@ def verifier_lm_head_rows(verifier: Path, ids: list[int]):
 
     index = verifier / "model.safetensors.index.json"
     if index.is_file():
-        shard = json.loads(index.read_text())["weight_map"].get("lm_head.weight")
-        files = [verifier / shard] if shard else []
+        weight_map = json.loads(index.read_text())["weight_map"]
+        key = lm_head_key(weight_map, verifier)
+        files = [verifier / weight_map[key]]
     else:
         files = sorted(verifier.glob("*.safetensors"))
+        key = None
     for path in files:
         with safe_open(str(path), "pt") as f:
-            if "lm_head.weight" in f.keys():
-                head = f.get_slice("lm_head.weight")
-                return {i: head[i:i + 1][0] for i in ids}
-    raise StageError(f"{verifier}: no lm_head.weight in its safetensors (tied embeddings?); rebuilding a warm "
-                     "start drafter's vocabulary needs the verifier's lm_head for the new tokens")
+            try:
+                name = key or lm_head_key(f.keys(), verifier)
+            except StageError:
+                continue  # not in this file (no index to say which one holds it)
+            head = f.get_slice(name)
+            return {i: head[i:i + 1][0] for i in ids}
+    raise StageError(f"{verifier}: no lm_head weight in its safetensors; rebuilding a warm start drafter's "
+                     "vocabulary needs the verifier's lm_head for the new tokens")
+
+
+def lm_head_key(names, verifier: Path) -> str:
+    """The verifier's output head among its weight names: `lm_head.weight`, or under the model's own
+    prefix (Kimi-K2.5, a vision-language model, keeps `language_model.lm_head.weight`), or with tied
+    embeddings the input embedding."""
+    names = list(names)
+    for want in ("lm_head.weight", "embed_tokens.weight"):
+        found = sorted((n for n in names if n == want or n.endswith("." + want)), key=len)
+        if want == "embed_tokens.weight" and found:
+            cfg = verifier / "config.json"
+            tied = cfg.is_file() and _tied(json.loads(cfg.read_text()))
+            if not tied:
+                break
+        if found:
+            return found[0]
+    raise StageError(f"{verifier}: no lm_head.weight (nor *.lm_head.weight, nor tied embeddings) among its "
+                     f"{len(names)} weights; rebuilding a warm start drafter's vocabulary needs the verifier's "
+                     "lm_head for the new tokens")
+
+
+def _tied(cfg: dict) -> bool:
+    return bool(cfg.get("tie_word_embeddings") or (cfg.get("text_config") or {}).get("tie_word_embeddings"))
