@@ -43,7 +43,7 @@ def test_lab_plan_kimi_shows_each_stage_with_its_settings():
         "vocab": ["draft-vocab-size=32000"],
         "train": ["epochs=10", "total-seq-len=18432", "gpus=1", "seed=42", "warm-start=lightseekorg/kimi-k2.5-eagle3", "warm-start-vocab=adopt", "lr=2e-5"],
         "pilot": ["warm-start=lightseekorg/kimi-k2.5-eagle3", "warm-start-vocab=adopt"],  # the forecast of this very start
-        "eval": ["needs serve_eval:", "num-speculative-tokens=3"],
+        "eval": ["needs serve_eval:", "num-speculative-tokens=3", "rounds=4"],
     }.items():
         got = settings_of(stage)
         for needle in needles:

@@ -636,3 +636,10 @@ def test_a_stop_during_the_checkpoint_estimate_stops_training(tmp_path, monkeypa
     monkeypatch.setattr(acceptance, "estimate_checkpoint", broken)
     trainer.Trainer.maybe_save_checkpoint(Fake(), 1)  # any other failure is advice: training goes on
     assert said == [f"acceptance: estimate of {tmp_path / '1'} failed (ValueError: a bad row); training goes on"]
+
+
+def test_eval_rounds_size_each_cell_by_its_concurrency():
+    """Kimi's sweep: 256 prompts x 512 tokens at concurrency 1 was hours a side; 4 rounds are 4 answers."""
+    assert [eval_stage.cell_requests(c, 256, 4) for c in (1, 4, 16, 64)] == [4, 16, 64, 256]
+    assert [eval_stage.cell_requests(c, 40, 4) for c in (1, 16)] == [4, 40]  # never more than the prompts
+    assert [eval_stage.cell_requests(c, 256, 0) for c in (1, 64)] == [256, 256]  # 0: every prompt, every cell

@@ -122,6 +122,14 @@ def sweep_plan(levels: list[int], temperature: float, top_p: float) -> list[tupl
     return [(name, c, params) for name, params in modes for c in levels]
 
 
+def cell_requests(concurrency: int, prompts: int, rounds: int) -> int:
+    """Requests in one cell (pure): every prompt (rounds 0), or `rounds` waves of `concurrency`
+    requests, at most every prompt. Each cell then lasts about `rounds` generations whatever its
+    concurrency: at concurrency 1, 256 prompts x 512 tokens one at a time are hours on a 1 T model;
+    4 rounds are 4 answers' worth, and the top cells still reach a steady state."""
+    return prompts if rounds <= 0 else min(prompts, rounds * concurrency)
+
+
 def spread(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "n": len(values)}
 
@@ -159,11 +167,12 @@ def compare(base: dict, spec: dict, sampling: str) -> dict:
             "tpot_ratio": spec["tpot_ms_median"]["mean"] / base["tpot_ms_median"]["mean"]}
 
 
-def run_sweep(endpoint: str, model: str, dataset: Path, requests: int, plan, repeats: int, max_tokens: int,
-              logs: Path, trust_remote_code: bool, label: str) -> list[dict]:
+def run_sweep(endpoint: str, model: str, dataset: Path, prompts: int, plan, repeats: int, max_tokens: int,
+              logs: Path, trust_remote_code: bool, label: str, rounds: int = 0) -> list[dict]:
     cells = []
     for sampling, conc, params in plan:
         runs = []
+        requests = cell_requests(conc, prompts, rounds)  # the first N prompts: the same N with and without the drafter
         for rep in range(repeats):
             argv = eval_bench.bench_argv(endpoint, model, dataset, requests, conc, max_tokens, params,
                                          trust_remote_code)
@@ -232,11 +241,14 @@ def check_served(endpoint: str, model: str) -> None:
 @click.option("--top-p", default=1.0, show_default=True)
 @click.option("--decide-at", "decide_text", default="", help="the concurrency the verdict is decided at (default/empty: the largest)")
 @click.option("--limit", type=int, default=None)
+@click.option("--rounds", default=0, show_default=True, type=click.IntRange(min=0),
+              help=">0: each cell sends rounds x its concurrency requests (at most --limit): every cell lasts "
+                   "about as long, instead of the low-concurrency cells taking hours (profile var eval_rounds)")
 @click.option("--trust-remote-code/--no-trust-remote-code", default=False)
 @click.option("--fail-if-slower", is_flag=True, help="exit non-zero when the drafter makes serving slower")
 def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, baseline_file: Path | None,
          drafter: Path | None, max_tokens: int, concurrency_text: str, repeats: int, temperature: float,
-         top_p: float, decide_text: str, limit: int | None, trust_remote_code: bool,
+         top_p: float, decide_text: str, limit: int | None, rounds: int, trust_remote_code: bool,
          fail_if_slower: bool) -> None:
     """Measure serving with and without the drafter over a concurrency sweep; report and verdict."""
     endpoint = endpoint.rstrip("/")
@@ -252,14 +264,18 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = sweep_plan(levels, temperature, top_p)
     settings = {"prompts_sha256": manifest.sha256_file(prompts), "limit": limit, "max_tokens": max_tokens,
-                "concurrency": levels, "repeats": repeats, "sampled": [p for n, _, p in plan if n == "sampled"][:1]}
+                "concurrency": levels, "repeats": repeats, "sampled": [p for n, _, p in plan if n == "sampled"][:1],
+                **({"rounds": rounds} if rounds else {})}
+    if rounds:
+        click.echo("eval: requests per cell: " + ", ".join(f"{cell_requests(c, len(rows), rounds)} at concurrency {c}"
+                                                          for c in levels) + f" ({rounds} rounds, eval_rounds)")
     if len(rows) < 2 * levels[-1]:
         click.echo(f"eval: note: {len(rows)} prompts for concurrency up to {levels[-1]}: the top cells run one "
                    "short wave each (give eval_limit >= 2x the largest concurrency for a steady state)")
     dataset = out_dir / f"bench-{mode}.jsonl"
     eval_bench.render_prompts(rows, model, max_tokens, dataset, trust_remote_code)
     cells = run_sweep(endpoint, model, dataset, len(rows), plan, repeats, max_tokens, out_dir / "bench-logs",
-                      trust_remote_code, mode)
+                      trust_remote_code, mode, rounds)
 
     if mode == "baseline":
         first = next(c for c in cells if c["sampling"] == "greedy" and c["concurrency"] == decide_at)
@@ -307,7 +323,8 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
               "same_output_as_baseline": cmp_["same_output_as_baseline"], "requests": len(rows),
               "verdict": v, "reasons": reasons, "pays_at_concurrency": pays_up_to, "sweep": sweep}
     atomic_write_json(out_dir / "report.json", report)
-    click.echo(f"eval sweep ({len(rows)} requests x {max_tokens} tokens per cell, {repeats} repeat(s); "
+    per_cell = f"{rounds} x concurrency (at most {len(rows)})" if rounds else f"{len(rows)}"
+    click.echo(f"eval sweep ({per_cell} requests x {max_tokens} tokens per cell, {repeats} repeat(s); "
                "mean [min-max]; TPOT/ITL medians in ms, baseline/spec; same = greedy outputs identical to the "
                "baseline's, reasoning included):")
     click.echo(table(sweep))
@@ -316,7 +333,7 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
                f"acceptance length {d['mean_acceptance_length']:.2f}, per position [{pos}] ({d['drafts']} drafts)")
     click.echo(f"eval: {d['tokens_per_s']['mean']:.1f} tokens/s with the drafter vs "
                f"{decided['baseline']['tokens_per_s']['mean']:.1f} without: speedup {speedup:.2f}x "
-               f"[{cmp_['speedup_min']:.2f}-{cmp_['speedup_max']:.2f}]; {cmp_['same_output_as_baseline']}/{len(rows)} "
+               f"[{cmp_['speedup_min']:.2f}-{cmp_['speedup_max']:.2f}]; {cmp_['same_output_as_baseline']}/{d['requests']} "
                "outputs identical to the baseline's")
     click.echo(f"eval summary: acceptance_rate={d['acceptance_rate']:.4f} "
                f"mean_acceptance_length={d['mean_acceptance_length']:.3f} speedup={speedup:.3f} verdict={v} "
