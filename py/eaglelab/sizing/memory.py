@@ -96,8 +96,8 @@ def train_gpu(m: ModelFacts, draft_vocab: int, seq_len: int, ttt_steps: int = 3,
     if estimate:
         est = [("estimate: bf16 drafter copy", Figure((d.trainable + d.frozen) * BF16 / GIB, ar)),
                ("estimate: verifier lm_head (bf16)", Figure(m.vocab_size * m.hidden_size * BF16 / GIB, ar)),
-               ("estimate: logits chunk", Figure(LOGIT_CHUNK * m.vocab_size * BF16 / GIB, ar,
-                                                 f"{LOGIT_CHUNK} positions")),
+               ("estimate: logits chunk", Figure(min(LOGIT_CHUNK, seq_len) * m.vocab_size * BF16 / GIB, ar,
+                                                 f"{min(LOGIT_CHUNK, seq_len)} positions")),
                ("estimate: states + draft logits", Figure(seq_len * ((aux_layers + 1) * m.hidden_size * BF16
                                                                     + ttt_steps * draft_vocab * FP32) / GIB, ar))]
         est_peak = rest + sum(f.value for _, f in est)

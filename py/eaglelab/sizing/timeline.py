@@ -11,6 +11,7 @@ whatever service is up (the kimi-k2.5 pilot beside serve_extract).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .facts import BF16, Facts, Figure
@@ -300,7 +301,7 @@ def beside_fix(name: str, need: float, services: list[StageEstimate], facts: Fac
     for s in services:
         cap = facts.host(s.host).gpu_memory_gib or 0.0
         parts = dict(s.gpu.parts)
-        util = (cap - need) / cap if cap else 0.0
+        util = math.floor((cap - need) / cap * 100) / 100 if cap else 0.0
         floor = parts["weights / TP"].value + parts["CUDA graphs + activations"].value
         if util * cap > floor:
             fixes.append(f"{s.stage}'s gpu_memory_utilization <= {util:.2f} (its KV cache then "
