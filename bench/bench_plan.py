@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_plan.py --check    # exit 1 when a row is outside its tolerance
 
 Rows:
-- the kimi-k2.5 profile's plan (with conf/profiles/kimi-k2.5.facts.yaml) against the seeds' own stage
+- the kimi-k2.5 profile's plan (with conf/facts/kimi-k2.5.yaml) against the seeds' own stage
   figures (../shared/seeds/): time and disk within +-35%;
 - the drafter's training memory by arithmetic against the train stage measured at Kimi-K2.5's size on
   an H200 (issue 29, bench/results/gpu_train_real_h200.json; the planner is given the largest step's
@@ -64,7 +64,7 @@ def kimi_rows() -> list[dict]:
 
 
 def h200_rows() -> list[dict]:
-    m = facts_mod.load_facts(REPO / "conf" / "profiles" / "kimi-k2.5.facts.yaml").model
+    m = facts_mod.load_facts(REPO / "conf" / "facts" / "kimi-k2.5.yaml").model
     rows = []
     runs = json.loads((REPO / "bench" / "results" / "gpu_train_real_h200.json").read_text())
     for r in sorted(runs, key=lambda r: int(r["length"])):

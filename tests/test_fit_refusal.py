@@ -56,7 +56,7 @@ def test_preflight_fails_the_stage_that_does_not_fit_and_warns_the_others(conf):
 
 
 def test_disk_and_budget_refused_by_plan_preflight_and_pipeline(conf):
-    facts = conf / "profiles" / "kimi-k2.5.facts.yaml"
+    facts = conf / "facts" / "kimi-k2.5.yaml"
     facts.write_text(facts.read_text().replace("disk_bytes: 1.5e12", "disk_bytes: 5.0e11"))
     prof = conf / "profiles" / "kimi-k2.5.yaml"
     prof.write_text(prof.read_text().replace('plan_budget_h: "24"', 'plan_budget_h: "10"'))

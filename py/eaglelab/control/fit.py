@@ -3,7 +3,7 @@ them, the model's facts found, the plan formatted, and the refusal `lab prefligh
 give a plan that does not fit (docs/planning.md). Contacts no host.
 
 Facts: the model's own config.json when `${model}` is a directory here (the demo's, once made), else
-`conf/profiles/<profile>.facts.yaml`; neither: no plan of memory (the stages' priors still give time).
+`conf/facts/<profile>.yaml`; neither: no plan of memory (the stages' priors still give time).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from eaglelab.config import REPO_ROOT, Config, ConfigError, prior_numbers
 from eaglelab.errors import StageError
 from eaglelab.figures import human_duration as duration
 from eaglelab.sizing import facts as facts_mod
-from eaglelab.sizing.timeline import Plan, PriorNumbers, Settings, StageSpec, plan
+from eaglelab.sizing.timeline import Plan, PriorNumbers, Settings, StageSpec, beside_order, plan
 
 ROLES = {"serve": "serve", "synth": "synth", "eval": "eval", "prepare": "prepare", "vocab": "vocab",
          "extract": "extract", "train": "train", "pilot": "pilot"}
@@ -53,7 +53,7 @@ def role_of(argv: list[str], smoke_of: str | None) -> str:
 
 def find_facts(cfg: Config) -> facts_mod.Facts | None:
     """The model's config.json if it is here, else the profile's facts file; None: neither."""
-    path = cfg.conf_dir / "profiles" / f"{cfg.profile}.facts.yaml"
+    path = cfg.conf_dir / "facts" / f"{cfg.profile}.yaml"
     from_file = facts_mod.load_facts(path) if path.is_file() else None
     model_dir = Path(str(cfg.pipeline.vars.get("model", "")))
     try:
@@ -92,7 +92,6 @@ def _spec(cfg: Config, name: str) -> StageSpec:
 
 def make_fit_plan(cfg: Config, stages: list[str] | None = None) -> Plan | None:
     """The plan of every job (and the services they need) in the pipeline's order; None without facts."""
-    from .plan import beside_order
     facts = find_facts(cfg)
     if facts is None:
         return None

@@ -3,7 +3,7 @@ the workload's priors.
 
 The shape comes from the model's own config.json when it can be read (`from_config_json`); when the
 host is out of reach (or the model not downloaded yet) from a small facts file kept with the profile,
-`conf/profiles/<profile>.facts.yaml` (`load_facts`):
+`conf/facts/<profile>.yaml` (`load_facts`):
 
     model:     {name, architecture, layers, hidden_size, vocab_size, heads, kv_heads, head_dim,
                 intermediate_size, experts, experts_per_token, kv_lora_rank, qk_rope_head_dim,
@@ -109,7 +109,7 @@ def from_config_json(cfg: dict, weight_bytes: int = 0, source: str = "config.jso
     def need(key: str) -> int:
         if key not in text:
             raise ConfigError(f"{source}: no {key!r}; the planner needs the model's {key} (or a facts file "
-                              f"conf/profiles/<profile>.facts.yaml with model.{key})")
+                              f"conf/facts/<profile>.yaml with model.{key})")
         return int(text[key])
 
     head_dim = text.get("head_dim") or (text.get("qk_rope_head_dim") if model_type in MLA_TYPES else 0) or 0
@@ -134,7 +134,7 @@ def read_config_json(model_dir: Path) -> ModelFacts:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path}: cannot read the model's config ({e}); give a facts file "
-                          f"conf/profiles/<profile>.facts.yaml") from e
+                          f"conf/facts/<profile>.yaml") from e
     size = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
     return from_config_json(cfg, size, str(path), name=Path(model_dir).name)
 

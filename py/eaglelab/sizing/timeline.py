@@ -118,6 +118,17 @@ class Plan:
                 "fits": not self.misfits}
 
 
+def beside_order(order: list[str], beside: dict[str, str]) -> list[str]:
+    """Pure: each side job right after the stage it runs beside (when that one is in the plan)."""
+    out = [n for n in order if n not in beside]
+    for side in [n for n in order if n in beside]:
+        at = out.index(beside[side]) + 1 if beside[side] in out else len(out)
+        while at < len(out) and out[at] in beside:
+            at += 1
+        out.insert(at, side)
+    return out
+
+
 def _num(flags: dict, key: str, default: float) -> float:
     try:
         return float(flags.get(key, default))

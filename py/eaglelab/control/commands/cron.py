@@ -242,7 +242,7 @@ def _offline_plan(ctx: click.Context, stages: list[str] | None, as_json: bool) -
     p = make_fit_plan(cfg, stages)
     if p is None:
         raise click.ClickException(f"no model facts for profile {cfg.profile!r}: neither the model's config.json "
-                                   f"here nor {cfg.conf_dir / 'profiles' / (cfg.profile + '.facts.yaml')} "
+                                   f"here nor {cfg.conf_dir / 'facts' / (cfg.profile + '.yaml')} "
                                    f"(docs/planning.md says what it holds)")
     if as_json:
         click.echo(json.dumps({"schema": 1, "profile": cfg.profile, "plan": p.as_dict()}, indent=1))
