@@ -164,6 +164,25 @@ def train_time(spec: StageSpec, facts: Facts, samples: float, epochs: float) -> 
     return Figure(mid, "measured rate x arithmetic", note), mid * MEASURED_RANGE[0], mid * MEASURED_RANGE[1]
 
 
+def eval_time(spec: StageSpec, facts: Facts) -> tuple[Figure, float, float] | None:
+    """The serving sweep: every concurrency x repeat x decoding (greedy, and sampled when the temperature
+    is > 0), each cell `limit` requests of `max-tokens`, at a decode rate of min(c x one stream's, the
+    server's most); None without those rates."""
+    one, most = facts.rates.get("decode_tokens_per_s"), facts.rates.get("decode_tokens_per_s_max")
+    if one is None or most is None:
+        return None
+    f = spec.flags
+    levels = [int(c) for c in str(f.get("concurrency", "1")).split()]
+    sides = 2 if _num(f, "temperature", 0) > 0 else 1
+    limit, tokens, repeats = _num(f, "limit", 64), _num(f, "max-tokens", 256), _num(f, "repeats", 1)
+    cells = {c: limit * tokens / min(c * one.value, most.value) for c in levels}
+    mid = sum(cells.values()) * repeats * sides
+    note = (f"{len(levels)} concurrencies x {repeats:g} repeats x {sides} decodings, {limit:g} requests of "
+            f"{tokens:g} tokens a cell, at min(c x {one.value:g}, {most.value:g}) tokens/s ({one.source}: {one.note}); "
+            f"concurrency {levels[0]} alone {cells[levels[0]] * repeats * sides / 3600:.1f} h")
+    return Figure(mid, "prior rate x arithmetic", note), mid / 2, mid * 2
+
+
 def estimate_stage(spec: StageSpec, facts: Facts, st: Settings) -> StageEstimate:
     """One stage on its own: its time, GPU memory per GPU, RAM and disk (not yet placed in time)."""
     m, f = facts.model, spec.flags
@@ -212,6 +231,8 @@ def estimate_stage(spec: StageSpec, facts: Facts, st: Settings) -> StageEstimate
     elif spec.role == "prepare" and tokens is not None:
         disk = Figure(st.samples * tokens.value * PREPARED_BYTES_PER_TOKEN, "prior", "input_ids + loss_mask, int64")
         ram = Figure(4.0, "prior")
+    elif spec.role == "eval":
+        seconds, low, high = eval_time(spec, facts) or (seconds, low, high)
     elif spec.role == "vocab":
         disk = Figure((m.vocab_size + st.draft_vocab) * 8, "arithmetic", "d2t + t2d")
     return StageEstimate(spec.name, spec.kind, spec.host, spec.role, held, seconds, low, high, gpu=gpu, kv=kv,
@@ -274,7 +295,8 @@ def plan(specs: list[StageSpec], facts: Facts, st: Settings) -> Plan:
                               f"the stages end to end (range {sum(e.low_s for e in order if e.kind == 'job') / 3600:.1f}"
                               f"-{sum(e.high_s for e in order if e.kind == 'job') / 3600:.1f} h of jobs); "
                               f"the longest: {worst.stage} {worst.seconds.value / 3600:.1f} h",
-                              "fewer samples or epochs, or raise the profile's plan_budget_h"))
+                              f"shorten {worst.stage} (its settings, `lab plan --offline` says how its time is "
+                              f"made), or raise the profile's plan_budget_h"))
     return Plan(tuple(order), tuple(misfits), total, facts.source or facts.model.source)
 
 
