@@ -46,6 +46,9 @@ def test_demo_drafter_and_training_memory_by_hand():
     assert got["rest"] * GIB == pytest.approx(rest)
     assert got["steps"] * GIB == pytest.approx(steps) == pytest.approx(7_871_488)
     assert got["estimate"] * GIB == pytest.approx(estimate) == pytest.approx(9_247_744)
+    # on CPU the stage's sdpa keeps every TTT step's scores: T x T(k+1) x 4 heads x 2 B for k = 0, 1, 2
+    cpu = memory.train_phases(m, 128, 256, attention="sdpa")
+    assert cpu["steps"] * GIB == pytest.approx(steps + 256 * 256 * (1 + 2 + 3) * 4 * 2)
     mem = memory.train_gpu(m, 128, 256)
     assert mem.peak_allocated_gib * GIB == pytest.approx(9_247_744)
     assert mem.device_gib == pytest.approx(9_247_744 / GIB * 1.15 + 2.5)
@@ -151,3 +154,4 @@ def test_calibration_bench_passes():
     rows = json.loads(p.stdout)["rows"]
     assert {r["what"] for r in rows} >= {"synth", "hidden states", "train", "extract"}
     assert all(r["ok"] for r in rows)
+    assert any(r["what"].startswith("demo train on CPU") for r in rows)   # bench/results/demo_train_cpu.json

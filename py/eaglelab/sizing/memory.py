@@ -72,10 +72,18 @@ def activation_bytes_per_token(m: ModelFacts, draft_vocab: int, ttt_steps: int) 
     return ttt_steps * (BF16 * (4 * h + q + 2 * kv + 3 * i) + FP32 * 3 * draft_vocab)
 
 
+def attention_scores_bytes(m: ModelFacts, seq_len: int, ttt_steps: int) -> int:
+    """sdpa's math path (the train stage's attention on CPU) keeps each TTT step's score matrix for the
+    backward pass, bf16: at step k the queries see the sample and the k draft steps before (T x T(k+1)) for
+    every head. Flex attention (on a GPU, compiled) keeps none of it."""
+    return sum(seq_len * seq_len * (k + 1) for k in range(ttt_steps)) * m.heads * BF16
+
+
 def train_gpu(m: ModelFacts, draft_vocab: int, seq_len: int, ttt_steps: int = 3, aux_layers: int = 3,
-              estimate: bool = True, what: str = "train") -> GpuMemory:
+              estimate: bool = True, what: str = "train", attention: str = "flex") -> GpuMemory:
     """The drafter's training on one GPU at `seq_len` tokens a step; with `estimate`, the offline
-    acceptance estimate after each epoch too (its peak counts when above the step's)."""
+    acceptance estimate after each epoch too (its peak counts when above the step's). `attention`:
+    flex (a GPU) | sdpa (the stage's choice on CPU: the score matrices kept, quadratic in seq_len)."""
     d = drafter_shape(m, draft_vocab)
     ar = "arithmetic"
     parts = [
@@ -90,6 +98,9 @@ def train_gpu(m: ModelFacts, draft_vocab: int, seq_len: int, ttt_steps: int = 3,
     step = [("autocast bf16 weight copies", Figure(d.trainable * BF16 / GIB, ar)),
             (f"activations at {seq_len:,} tokens", Figure(seq_len * per_token / GIB, ar,
                                                           f"{per_token / 1024:,.0f} KiB a token, {ttt_steps} TTT steps"))]
+    if attention == "sdpa":
+        step.append(("attention scores (sdpa, kept)", Figure(attention_scores_bytes(m, seq_len, ttt_steps) / GIB, ar,
+                                                              f"{ttt_steps} TTT steps x T x T(k+1) x {m.heads} heads")))
     step_peak = rest + sum(f.value for _, f in step)
     parts += step
     peak = step_peak
@@ -108,13 +119,14 @@ def train_gpu(m: ModelFacts, draft_vocab: int, seq_len: int, ttt_steps: int = 3,
     return GpuMemory(what, tuple(parts), peak, peak * RESERVED_FACTOR + CUDA_CONTEXT_GIB)
 
 
-def train_phases(m: ModelFacts, draft_vocab: int, tokens: int, ttt_steps: int = 3, aux_layers: int = 3) -> dict:
+def train_phases(m: ModelFacts, draft_vocab: int, tokens: int, ttt_steps: int = 3, aux_layers: int = 3,
+                 attention: str = "flex") -> dict:
     """Peak allocated GiB per phase at `tokens` in the largest step (what a measurement reports)."""
-    mem = train_gpu(m, draft_vocab, tokens, ttt_steps, aux_layers)
+    mem = train_gpu(m, draft_vocab, tokens, ttt_steps, aux_layers, attention=attention)
     f = dict(mem.parts)
     rest = sum(f[k].value for k in ("drafter parameters (float32)", "gradients (float32)",
                                     "optimizer state (Muon: 1 buffer)", "frozen embeddings + lm_heads (bf16)"))
-    steps = rest + sum(v.value for k, v in f.items() if k.startswith(("autocast", "activations")))
+    steps = rest + sum(v.value for k, v in f.items() if k.startswith(("autocast", "activations", "attention")))
     est = rest + sum(v.value for k, v in f.items() if k.startswith("estimate"))
     return {"rest": rest, "steps": steps, "estimate": est}
 
