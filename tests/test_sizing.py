@@ -155,3 +155,12 @@ def test_calibration_bench_passes():
     assert {r["what"] for r in rows} >= {"synth", "hidden states", "train", "extract"}
     assert all(r["ok"] for r in rows)
     assert any(r["what"].startswith("demo train on CPU") for r in rows)   # bench/results/demo_train_cpu.json
+
+
+def test_sizing_imports_without_torch_or_pydantic():
+    """The planner is pure arithmetic: a host (or anything) imports it with the stdlib and PyYAML."""
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['pydantic'] = None; sys.modules['numpy'] = None\n"
+            "import eaglelab.sizing.timeline, eaglelab.sizing.memory, eaglelab.sizing.facts; print('ok')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={"PYTHONPATH": str(REPO / "py"), "PATH": "/usr/bin:/bin"})
+    assert p.stdout.strip() == "ok", p.stderr

@@ -55,11 +55,10 @@ def find_facts(cfg: Config) -> facts_mod.Facts | None:
     """The model's config.json if it is here, else the profile's facts file; None: neither."""
     path = cfg.conf_dir / "facts" / f"{cfg.profile}.yaml"
     from_file = facts_mod.load_facts(path) if path.is_file() else None
-    model_dir = Path(str(cfg.pipeline.vars.get("model", "")))
     try:
-        model_dir = Path(render_var(cfg, "model"))
-    except ConfigError:
-        pass
+        model_dir = Path(render_var(cfg, "model") or "-")  # "-": no such directory
+    except ConfigError:  # a ${var} it names is not set: no model here
+        model_dir = Path("-")
     if not model_dir.is_absolute():
         model_dir = REPO_ROOT / model_dir
     if (model_dir / "config.json").is_file():
@@ -124,13 +123,13 @@ def _bytes(b: float | None) -> str:
 
 
 def format_fit(p: Plan) -> list[str]:
-    head = ["stage", "host", "GPUs", "GPU GiB/GPU", "RAM GiB", "disk", "time", "range", "from", "beside"]
+    head = ["stage", "host", "GPUs", "GPU GiB/GPU", "RAM GiB", "disk", "time", "range", "from", "until", "beside"]
     rows = []
     for e in p.stages:
         rows.append([e.stage, e.host, e.gpus, _gib(e.gpu.device_gib if e.gpu else None),
                      _gib(e.ram_gib.value if e.ram_gib else None), _bytes(e.disk_bytes.value if e.disk_bytes else None),
                      duration(e.seconds.value), f"{duration(e.low_s)}-{duration(e.high_s)}",
-                     f"+{duration(e.start_s)}", ", ".join(e.beside)])
+                     f"+{duration(e.start_s)}", f"+{duration(e.end_s)}", ", ".join(e.beside)])
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
     lines.append(f"-- the pipeline ends after ~{duration(p.total_s)} (facts: {p.facts_source})")
