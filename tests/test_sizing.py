@@ -164,3 +164,16 @@ def test_sizing_imports_without_torch_or_pydantic():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env={"PYTHONPATH": str(REPO / "py"), "PATH": "/usr/bin:/bin"})
     assert p.stdout.strip() == "ok", p.stderr
+
+
+def test_the_hosts_own_gpu_memory_overrides_the_facts_file():
+    """What preflight passes when gpu8 answers: on 40 GiB GPUs the 1 T model's 63.7 GiB a GPU leaves no KV
+    cache, and train's 51.5 GiB does not fit its own GPU either."""
+    from eaglelab.control.preflight import gpu_memory_of
+    gpus = [{"memory_total_mib": 40960.0}, {"memory_total_mib": 81920.0}]
+    assert gpu_memory_of("gpu8", gpus) == {"gpu8": 40.0} and gpu_memory_of("gpu8", None) == {}
+    p = fit.make_fit_plan(config.load(None, "kimi-k2.5"), gpu_memory_gib=gpu_memory_of("gpu8", gpus))
+    found = {(m.stage, m.what) for m in p.misfits}
+    assert {("serve_target", "gpu"), ("serve_extract", "gpu"), ("serve_eval", "gpu"), ("train", "gpu")} <= found
+    train = next(m for m in p.misfits if m.stage == "train")
+    assert train.capacity == 40.0 and "one GPU of 40 GiB" in train.detail

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from eaglelab.config import REPO_ROOT, Config, ConfigError, prior_numbers
@@ -89,11 +90,16 @@ def _spec(cfg: Config, name: str) -> StageSpec:
                      flags_of(argv), prior)
 
 
-def make_fit_plan(cfg: Config, stages: list[str] | None = None) -> Plan | None:
-    """The plan of every job (and the services they need) in the pipeline's order; None without facts."""
+def make_fit_plan(cfg: Config, stages: list[str] | None = None,
+                  gpu_memory_gib: dict[str, float] | None = None) -> Plan | None:
+    """The plan of every job (and the services they need) in the pipeline's order; None without facts.
+    gpu_memory_gib: a host's GPU memory as the host itself reported it (preflight), over the facts file's."""
     facts = find_facts(cfg)
     if facts is None:
         return None
+    if gpu_memory_gib:
+        hosts = {**facts.hosts, **{h: replace(facts.host(h), gpu_memory_gib=g) for h, g in gpu_memory_gib.items()}}
+        facts = replace(facts, hosts=hosts)
     order = [n for n in cfg.stage_order(stages) if cfg.stage(n).kind == "job"]
     order = beside_order(order, {n: cfg.stage(n).during.stage for n in order if cfg.stage(n).during})
     services = {svc for n in order for svc in cfg.stage(n).needs}

@@ -270,14 +270,21 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
     checks.append(check_inputs(facts.get("inputs") or {}, input_origins(lab, stage, spec["inputs"])))
     if stage.kind == "service" and facts.get("drafters"):  # a server that will load a drafter
         checks.append(check_drafter(facts["drafters"], facts.get("vllm"), stage.host))
-    return checks + fit_checks(lab, stage_name)
+    return checks + fit_checks(lab, stage_name, gpu_memory_of(stage.host, facts.get("gpus")))
 
 
-def fit_checks(lab, stage_name: str) -> list[Check]:
+def gpu_memory_of(host: str, gpus: list[dict] | None) -> dict[str, float]:
+    """{host: its smallest GPU's memory in GiB} from the host's own nvidia-smi; {} without GPUs."""
+    totals = [g["memory_total_mib"] for g in gpus or [] if g.get("memory_total_mib")]
+    return {host: min(totals) / 1024} if totals else {}
+
+
+def fit_checks(lab, stage_name: str, gpu_memory_gib: dict[str, float] | None = None) -> list[Check]:
     """The plan's word (eaglelab.control.fit, docs/planning.md): this stage's misfits and the budget's
-    fail it; another stage's are a warning now; no model facts: no check."""
+    fail it; another stage's are a warning now; no model facts: no check. With the host's own GPU
+    memory when it answered, else the facts file's."""
     from .fit import make_fit_plan
-    p = make_fit_plan(lab.cfg)
+    p = make_fit_plan(lab.cfg, gpu_memory_gib=gpu_memory_gib)
     if p is None:
         return []
     if not p.misfits:

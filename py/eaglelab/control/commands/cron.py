@@ -169,6 +169,8 @@ def _run_target(ctx: click.Context, target: str) -> tuple[int, str | None]:
     lab = _lab(ctx)
     try:
         if target == "pipeline":
+            from ..fit import refuse_misfits
+            refuse_misfits(lab.cfg)  # as `lab pipeline`: a plan that does not fit is not started
             result = lab.pipeline(follow=False, out=sys.stdout)
             if result.error is not None:
                 raise result.error
