@@ -78,3 +78,11 @@ def test_disk_and_budget_refused_by_plan_preflight_and_pipeline(conf):
     assert "pilot: gpu" in p.stderr and "EAGLELAB_NO_FIT=1" in p.stderr
     st = json.loads(lab(conf, "status", "--json", "--no-refresh").stdout)
     assert st["runs"] == []                                   # nothing launched
+
+
+def test_no_fit_turns_the_check_into_a_warning(conf):
+    env = {**os.environ, "EAGLELAB_CONF": str(conf), "EAGLELAB_NO_FIT": "1"}
+    p = subprocess.run([str(LAB), "--profile", "kimi-k2.5", "preflight", "pilot", "--json"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    fits = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "fit"]
+    assert [c["verdict"] for c in fits] == ["WARN"] and "EAGLELAB_NO_FIT=1" in fits[0]["detail"]

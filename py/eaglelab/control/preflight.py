@@ -284,6 +284,8 @@ def fit_checks(lab, stage_name: str, gpu_memory_gib: dict[str, float] | None = N
     fail it; another stage's are a warning now; no model facts: no check. With the host's own GPU
     memory when it answered, else the facts file's."""
     from .fit import make_fit_plan
+    if os.environ.get("EAGLELAB_NO_FIT") == "1":
+        return [Check("fit", None, "not checked: EAGLELAB_NO_FIT=1")]
     p = make_fit_plan(lab.cfg, gpu_memory_gib=gpu_memory_gib)
     if p is None:
         return []
