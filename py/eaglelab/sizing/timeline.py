@@ -12,7 +12,7 @@ whatever service is up (the kimi-k2.5 pilot beside serve_extract).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .facts import BF16, Facts, Figure
 from .memory import GIB, GpuMemory, drafter_shape, serve_gpu, train_gpu
@@ -301,7 +301,6 @@ def plan(specs: list[StageSpec], facts: Facts, st: Settings) -> Plan:
 
 
 def _at(e: StageEstimate, start: float, end: float, beside: tuple[str, ...] = ()) -> StageEstimate:
-    from dataclasses import replace
     return replace(e, start_s=start, end_s=end, beside=beside or e.beside)
 
 
