@@ -82,6 +82,8 @@ def pipeline(c: _Ctx, force: bool, keep_services: bool, quiet: bool, notify: boo
     """Run every job of the pipeline in dependency order (each one only if needed)."""
     lab = c.lab
     lab.ignore_gates = ignore_gates
+    from .fit import refuse_misfits
+    refuse_misfits(lab.cfg)  # a stage over a GPU's memory, a disk or the time budget: refused before launch
     t0 = time.time()
     result = lab.pipeline(force=force, keep_services=keep_services, follow=not quiet, out=sys.stdout)
     if notify:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from eaglelab.sizing.timeline import beside_order  # pure; side jobs after their stage
+
 from .lab import Lab
 
 
@@ -101,17 +103,6 @@ def make_plan(lab: Lab, stages: list[str] | None = None, force: bool = False,
             reason += f" [host {host} unreachable: {unreachable[host]}; from its last known state]"
         steps.append(Step(n, action, reason, latest_run=latest[n], host=host, settings=stage_settings(lab, n)))
     return steps
-
-
-def beside_order(order: list[str], beside: dict[str, str]) -> list[str]:
-    """Pure: each side job right after the stage it runs beside (when that one is in the plan)."""
-    out = [n for n in order if n not in beside]
-    for side in [n for n in order if n in beside]:
-        at = out.index(beside[side]) + 1 if beside[side] in out else len(out)
-        while at < len(out) and out[at] in beside:
-            at += 1
-        out.insert(at, side)
-    return out
 
 
 def format_plan(steps: list[Step], settings: bool = False) -> list[str]:

@@ -245,9 +245,9 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
         spec = spec or lab.launch_spec(stage)
         facts = host_facts(ex, spec)
     except HostUnreachable as e:
-        return [Check("host", False, str(e), f"check the link: `{ex.try_command()}`")]
+        return [Check("host", False, str(e), f"check the link: `{ex.try_command()}`"), *fit_checks(lab, stage_name)]
     except HostError as e:
-        return [Check("host", False, str(e), f"`lab sync {stage.host}`")]
+        return [Check("host", False, str(e), f"`lab sync {stage.host}`"), *fit_checks(lab, stage_name)]
     checks = [Check("host", True, f"{stage.host} answers (hostname {facts.get('hostname')}, "
                                   f"python {facts.get('python_version')} at {facts.get('python')})")]
     checks.append(check_env(lock_path(host), facts.get("packages") or {}, stage.host))
@@ -270,7 +270,34 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
     checks.append(check_inputs(facts.get("inputs") or {}, input_origins(lab, stage, spec["inputs"])))
     if stage.kind == "service" and facts.get("drafters"):  # a server that will load a drafter
         checks.append(check_drafter(facts["drafters"], facts.get("vllm"), stage.host))
-    return checks
+    return checks + fit_checks(lab, stage_name, gpu_memory_of(stage.host, facts.get("gpus")))
+
+
+def gpu_memory_of(host: str, gpus: list[dict] | None) -> dict[str, float]:
+    """{host: its smallest GPU's memory in GiB} from the host's own nvidia-smi; {} without GPUs."""
+    totals = [g["memory_total_mib"] for g in gpus or [] if g.get("memory_total_mib")]
+    return {host: min(totals) / 1024} if totals else {}
+
+
+def fit_checks(lab, stage_name: str, gpu_memory_gib: dict[str, float] | None = None) -> list[Check]:
+    """The plan's word (eaglelab.control.fit, docs/planning.md): this stage's misfits and the budget's
+    fail it; another stage's are a warning now; no model facts: no check. With the host's own GPU
+    memory when it answered, else the facts file's."""
+    from .fit import make_fit_plan
+    if os.environ.get("EAGLELAB_NO_FIT") == "1":
+        return [Check("fit", None, "not checked: EAGLELAB_NO_FIT=1")]
+    p = make_fit_plan(lab.cfg, gpu_memory_gib=gpu_memory_gib)
+    if p is None:
+        return []
+    if not p.misfits:
+        return [Check("fit", True, "the plan fits: no stage over a GPU's memory, a disk or the time budget "
+                                   "(`lab plan --offline`)")]
+    out = []
+    for m in p.misfits:
+        mine = m.stage in (stage_name, "pipeline")
+        out.append(Check("fit", False if mine else None, ("" if mine else "later in the plan: ")
+                         + m.line().split(" — fix: ")[0], m.fix))
+    return out
 
 
 def input_origins(lab, stage: StageConfig, inputs: list[str]) -> dict[str, str]:

@@ -169,6 +169,8 @@ def _run_target(ctx: click.Context, target: str) -> tuple[int, str | None]:
     lab = _lab(ctx)
     try:
         if target == "pipeline":
+            from ..fit import refuse_misfits
+            refuse_misfits(lab.cfg)  # as `lab pipeline`: a plan that does not fit is not started
             result = lab.pipeline(follow=False, out=sys.stdout)
             if result.error is not None:
                 raise result.error
@@ -204,10 +206,16 @@ def _redirect_output(log_path: Path) -> None:
 @click.command("plan")
 @click.argument("stages", nargs=-1)
 @click.option("--force", is_flag=True, help="As `lab pipeline --force` would: every stage runs.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object: {schema, steps: [{stage, action, reason, ...}]}.")
+@click.option("--offline", is_flag=True,
+              help="Contact no host: what each stage needs (GPUs, GPU memory, RAM, disk, time) and what does not "
+                   "fit, from the model's facts (docs/planning.md).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: {schema, steps: [{stage, action, reason, ...}]}; "
+                                                     "with --offline: {schema, plan: {stages, misfits, ...}}.")
 @click.pass_context
-def plan(ctx: click.Context, stages: tuple[str, ...], force: bool, as_json: bool) -> None:
+def plan(ctx: click.Context, stages: tuple[str, ...], force: bool, offline: bool, as_json: bool) -> None:
     """What `lab pipeline` (or a cron firing) would do per stage and why, without doing it."""
+    if offline:
+        return _offline_plan(ctx, list(stages) or None, as_json)
     lab = _lab(ctx)
     steps = make_plan(lab, list(stages) or None, force=force)
     if as_json:
@@ -218,6 +226,33 @@ def plan(ctx: click.Context, stages: tuple[str, ...], force: bool, as_json: bool
     n_run = sum(s.action == "run" for s in steps)
     click.echo(f"-- {n_run} to run, {sum(s.action == 'skip' for s in steps)} up to date, "
                f"{sum(s.action == 'attach' for s in steps)} running (the pipeline stops at the first failure)")
+    from ..fit import make_fit_plan
+    p = make_fit_plan(lab.cfg, list(stages) or None)
+    if p is not None and p.misfits:
+        click.echo(f"DOES NOT FIT ({len(p.misfits)}; `lab plan --offline` shows every figure):")
+        for m in p.misfits:
+            click.echo(f"  {m.line()}")
+
+
+def _offline_plan(ctx: click.Context, stages: list[str] | None, as_json: bool) -> None:
+    """The plan that knows what fits, from the config and the model's facts alone."""
+    from eaglelab import config as config_mod
+
+    from ..fit import format_fit, make_fit_plan
+    root = ctx.find_root().obj
+    cfg = config_mod.load(root.conf, root.profile)
+    p = make_fit_plan(cfg, stages)
+    if p is None:
+        raise click.ClickException(f"no model facts for profile {cfg.profile!r}: neither the model's config.json "
+                                   f"here nor {cfg.conf_dir / 'facts' / (cfg.profile + '.yaml')} "
+                                   f"(docs/planning.md says what it holds)")
+    if as_json:
+        click.echo(json.dumps({"schema": 1, "profile": cfg.profile, "plan": p.as_dict()}, indent=1))
+    else:
+        for line in format_fit(p):
+            click.echo(line)
+    if p.misfits:
+        raise click.exceptions.Exit(1)
 
 
 COMMANDS = [cron, plan]

@@ -1,0 +1,88 @@
+"""A plan that does not fit is refused before launch (issue 28, item 2): `lab plan --offline` says so,
+`lab preflight STAGE` fails it, `lab pipeline` starts nothing. Real `lab` processes on a copy of conf/
+(the kimi-k2.5 profile, whose host does not exist here: nothing may need it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = REPO / "bin" / "lab"
+
+
+@pytest.fixture
+def conf(tmp_path: Path) -> Path:
+    c = tmp_path / "conf"
+    shutil.copytree(REPO / "conf", c)
+    lab = (c / "lab.yaml").read_text()
+    (c / "lab.yaml").write_text(lab.replace("logs_dir: logs", f"logs_dir: {tmp_path / 'logs'}")
+                                if "logs_dir:" in lab else f"logs_dir: {tmp_path / 'logs'}\n" + lab)
+    return c
+
+
+def lab(conf: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "EAGLELAB_CONF": str(conf)}
+    env.pop("EAGLELAB_PROFILE", None)
+    env.pop("EAGLELAB_NO_FIT", None)
+    return subprocess.run([str(LAB), "--profile", "kimi-k2.5", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_plan_offline_names_the_pilot_beside_serve_extract(conf):
+    p = lab(conf, "plan", "--offline")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "DOES NOT FIT (2):" in p.stdout
+    assert ("pilot: gpu 51.5 GiB > 14.3 GiB: pilot needs 51.5 GiB (peak allocated 42.6 GiB) on GPU 0, beside "
+            "serve_extract (holding 81.3 GiB of it) (95.6 GiB a GPU)") in p.stdout
+    assert "fix: no gpu_memory_utilization of serve_extract leaves room" in p.stdout
+    j = json.loads(lab(conf, "plan", "--offline", "--json").stdout)
+    assert j["plan"]["fits"] is False and [m["stage"] for m in j["plan"]["misfits"]] == ["pilot", "pipeline"]
+    assert "pipeline: time" in p.stdout and "plan_budget_h" in p.stdout
+
+
+def test_preflight_fails_the_stage_that_does_not_fit_and_warns_the_others(conf):
+    p = lab(conf, "preflight", "pilot", "--json")
+    assert p.returncode == 1
+    fits = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "fit"]
+    assert [c["verdict"] for c in fits] == ["FAIL", "FAIL"] and "serve_extract" in fits[0]["detail"]
+    assert fits[1]["detail"].startswith("pipeline: time")   # the budget fails every stage's preflight
+    p = lab(conf, "preflight", "vocab", "--json")
+    fits = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "fit"]
+    assert [c["verdict"] for c in fits] == ["WARN", "FAIL"] and fits[0]["detail"].startswith("later in the plan: pilot")
+
+
+def test_disk_and_budget_refused_by_plan_preflight_and_pipeline(conf):
+    facts = conf / "facts" / "kimi-k2.5.yaml"
+    facts.write_text(facts.read_text().replace("disk_bytes: 1.5e12", "disk_bytes: 5.0e11"))
+    prof = conf / "profiles" / "kimi-k2.5.yaml"
+    prof.write_text(prof.read_text().replace('plan_budget_h: "24"', 'plan_budget_h: "10"'))
+    j = json.loads(lab(conf, "plan", "--offline", "--json").stdout)
+    mis = {m["what"]: m for m in j["plan"]["misfits"]}
+    assert mis["disk"]["stage"] == "extract" and mis["disk"]["capacity"] == 500.0
+    assert mis["disk"]["estimate"] > 500 and "free disk on the host" in mis["disk"]["fix"]
+    assert mis["time"]["stage"] == "pipeline" and mis["time"]["capacity"] == 10.0 and mis["time"]["estimate"] > 10
+    assert "plan_budget_h" in mis["time"]["fix"]
+    p = lab(conf, "preflight", "extract", "--json")
+    fails = {c["detail"].split(":")[0] for c in json.loads(p.stdout)["checks"] if c["name"] == "fit" and not c["ok"]
+             and c["ok"] is not None}
+    assert fails == {"extract", "pipeline"}
+    p = lab(conf, "pipeline", "--no-notify", "-q")
+    assert p.returncode != 0
+    assert "the plan does not fit" in p.stderr and "extract: disk" in p.stderr and "pipeline: time" in p.stderr
+    assert "pilot: gpu" in p.stderr and "EAGLELAB_NO_FIT=1" in p.stderr
+    st = json.loads(lab(conf, "status", "--json", "--no-refresh").stdout)
+    assert st["runs"] == []                                   # nothing launched
+
+
+def test_no_fit_turns_the_check_into_a_warning(conf):
+    env = {**os.environ, "EAGLELAB_CONF": str(conf), "EAGLELAB_NO_FIT": "1"}
+    p = subprocess.run([str(LAB), "--profile", "kimi-k2.5", "preflight", "pilot", "--json"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    fits = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "fit"]
+    assert [c["verdict"] for c in fits] == ["WARN"] and "EAGLELAB_NO_FIT=1" in fits[0]["detail"]
