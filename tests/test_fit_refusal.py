@@ -37,24 +37,24 @@ def lab(conf: Path, *args: str) -> subprocess.CompletedProcess:
 def test_plan_offline_names_the_pilot_beside_serve_extract(conf):
     p = lab(conf, "plan", "--offline")
     assert p.returncode == 1, p.stdout + p.stderr
-    assert "DOES NOT FIT (2):" in p.stdout
+    assert "DOES NOT FIT (1):" in p.stdout  # the eval sweeps fit the day since eval_rounds (test_sizing)
     assert ("pilot: gpu 51.5 GiB > 14.3 GiB: pilot needs 51.5 GiB (peak allocated 42.6 GiB) on GPU 0, beside "
             "serve_extract (holding 81.3 GiB of it) (95.6 GiB a GPU)") in p.stdout
     assert "fix: no gpu_memory_utilization of serve_extract leaves room" in p.stdout
     j = json.loads(lab(conf, "plan", "--offline", "--json").stdout)
-    assert j["plan"]["fits"] is False and [m["stage"] for m in j["plan"]["misfits"]] == ["pilot", "pipeline"]
-    assert "pipeline: time" in p.stdout and "plan_budget_h" in p.stdout
+    assert j["plan"]["fits"] is False and [m["stage"] for m in j["plan"]["misfits"]] == ["pilot"]
+    assert "pipeline: time" not in p.stdout
 
 
 def test_preflight_fails_the_stage_that_does_not_fit_and_warns_the_others(conf):
     p = lab(conf, "preflight", "pilot", "--json")
     assert p.returncode == 1
     fits = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "fit"]
-    assert [c["verdict"] for c in fits] == ["FAIL", "FAIL"] and "serve_extract" in fits[0]["detail"]
-    assert fits[1]["detail"].startswith("pipeline: time")   # the budget fails every stage's preflight
+    assert [c["verdict"] for c in fits] == ["FAIL"] and "serve_extract" in fits[0]["detail"]
     p = lab(conf, "preflight", "vocab", "--json")
     fits = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "fit"]
-    assert [c["verdict"] for c in fits] == ["WARN", "FAIL"] and fits[0]["detail"].startswith("later in the plan: pilot")
+    assert [c["verdict"] for c in fits] == ["WARN"] and fits[0]["detail"].startswith("later in the plan: pilot")
+    # (the budget failing every stage's preflight: test_disk_and_budget_refused_by_plan_preflight_and_pipeline)
 
 
 def test_disk_and_budget_refused_by_plan_preflight_and_pipeline(conf):

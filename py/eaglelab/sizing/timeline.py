@@ -175,9 +175,13 @@ def eval_time(spec: StageSpec, facts: Facts) -> tuple[Figure, float, float] | No
     levels = [int(c) for c in str(f.get("concurrency", "1")).split()]
     sides = 2 if _num(f, "temperature", 0) > 0 else 1
     limit, tokens, repeats = _num(f, "limit", 64), _num(f, "max-tokens", 256), _num(f, "repeats", 1)
-    cells = {c: limit * tokens / min(c * one.value, most.value) for c in levels}
+    rounds = _num(f, "rounds", 0)
+    # the eval stage's cell_requests: every prompt, or `rounds` waves of the cell's concurrency
+    requests = {c: limit if rounds <= 0 else min(limit, rounds * c) for c in levels}
+    cells = {c: requests[c] * tokens / min(c * one.value, most.value) for c in levels}
     mid = sum(cells.values()) * repeats * sides
-    note = (f"{len(levels)} concurrencies x {repeats:g} repeats x {sides} decodings, {limit:g} requests of "
+    per_cell = f"{limit:g} requests" if rounds <= 0 else f"{rounds:g} x concurrency requests (at most {limit:g})"
+    note = (f"{len(levels)} concurrencies x {repeats:g} repeats x {sides} decodings, {per_cell} of "
             f"{tokens:g} tokens a cell, at min(c x {one.value:g}, {most.value:g}) tokens/s ({one.source}: {one.note}); "
             f"concurrency {levels[0]} alone {cells[levels[0]] * repeats * sides / 3600:.1f} h")
     return Figure(mid, "prior rate x arithmetic", note), mid / 2, mid * 2
