@@ -81,6 +81,27 @@ def test_bar_estimate_follows_drift_where_tqdm_does_not():
         assert est.source == "trend"
 
 
+def test_after_a_step_in_the_rate_the_range_is_judged_on_the_new_regime():
+    # 2 s/item, then 12 s/item from item 100 on, a little noise: after the step every backtest
+    # pair that started before it under-predicted, which says the old regime was faster, not that
+    # the truth cannot fall below the estimate. Those pairs weigh little (eaglelab.eta.ensemble
+    # CHANGE_PAIR_WEIGHT) and neither side of the range is under half the other (RANGE_SYM).
+    rng = np.random.default_rng(3)
+    per_item = list(np.r_[np.full(100, 2.0), np.full(100, 12.0)] * rng.lognormal(0.0, 0.15, 200))
+    tracker = BarTracker(resolution=0.0)
+    for clock, k in history_points(per_item)[:131]:
+        tracker.add(clock, k, 200)
+    fit = tracker.fit()
+    assert fit.source == "regime_change" and 95 <= fit.regime_start <= 105
+    est = tracker.estimate()
+    down, up = np.log(est.eta_s / est.eta_low_s), np.log(est.eta_high_s / est.eta_s)
+    assert down >= 0.5 * up - 1e-9 and down > 0.07, (down, up)
+    # the step itself (the error of every pair across it) is not the new regime's noise: with those
+    # pairs at full weight the high end is ~6.8x the estimate here, ~4.3x with them down-weighted
+    assert up < 1.7, up
+    assert est.eta_low_s <= truth_left(per_item, 130) <= est.eta_high_s
+
+
 def test_bar_estimate_edges():
     assert estimate_bar([], 10) is None
     assert estimate_bar([(0.0, 0), (5.0, 1)], None) is None  # no total, no ETA

@@ -37,10 +37,13 @@ WEIGHT_POWER = 2.0  # candidate weight = MSE ** -WEIGHT_POWER
 MSE_FLOOR = 1e-4  # (1% log error): below it candidates are equally good
 PRIOR_PAIRS = 2.0  # the history prior counts as this many backtest pairs of its own
 RANGE_Q = 0.1  # the range spans the combined errors' RANGE_Q .. 1 - RANGE_Q quantiles ...
-RANGE_SCALE = 1.5  # ... times this (horizon growth, model risk)
+RANGE_SCALE = 1.2  # ... times this (horizon growth, model risk)
 RANGE_PAIRS = 6.0  # pairs at which the backtest's range and the fit's weigh the same
 RANGE_FLOOR = 0.06  # never narrower than +-6%
+RANGE_SYM = 0.5  # each side of the range is at least this share of the other (past errors of one sign
+# only say the truth was on one side so far, not that it cannot be on the other)
 MAX_OBS = 512
+CHANGE_PAIR_WEIGHT = 0.1  # after a step in the rate (the fit's new regime), pairs that start before it weigh this much
 # The candidates weighed. The whole-history mean is computed (the bench's baseline) but left out:
 # on the tuning logs it was never the one that helped (a bar whose rate holds is the fit's anyway).
 USE = ("fit", "ema", "slope", "printed")
@@ -116,8 +119,8 @@ def _wquantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
 
 
 def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low: float | None,
-            fit_high: float | None, prior_s_per_item: float | None = None
-            ) -> tuple[float, float, float, dict] | None:
+            fit_high: float | None, prior_s_per_item: float | None = None,
+            regime_start: float | None = None) -> tuple[float, float, float, dict] | None:
     """(items_s, low_items_s, high_items_s, weights) for the `remaining` items from the latest
     observation, or None when there is nothing to go on. fit_*: the fit's own time for the items
     left and its range (before the item in progress is counted)."""
@@ -148,6 +151,10 @@ def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low:
         # that could only look a few items ahead says little about the many left
         age = m - pairs_j
         pw = np.exp(-age / max(PAIR_RECENCY, npairs / 3.0)) * (pairs_items / max(remaining, 1e-9)) ** HORIZON_POWER
+        if regime_start is not None:
+            # after a step in the rate, a pair that started before it judges the old regime (and
+            # its error is the step itself): the candidates and the range are judged on the new one
+            pw = np.where(N[pairs_j] < regime_start, pw * CHANGE_PAIR_WEIGHT, pw)
         for k_ in now_items:
             rj = R[k_][pairs_j]
             fin = np.isfinite(rj)
@@ -200,5 +207,5 @@ def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low:
         f_down = math.log(fit_items_s / max(min(fit_low, fit_items_s), 1e-9))
         a = neff / (neff + RANGE_PAIRS)
         up, down = a * up + (1 - a) * f_up, a * down + (1 - a) * f_down
-    up, down = max(up, RANGE_FLOOR), max(down, RANGE_FLOOR)
+    up, down = max(up, RANGE_SYM * down, RANGE_FLOOR), max(down, RANGE_SYM * up, RANGE_FLOOR)
     return items_s, items_s * math.exp(-down), items_s * math.exp(up), weights

@@ -79,6 +79,7 @@ class BarEstimate:
     s_per_item: float | None = None  # the per-item time the estimate uses now
     source: str = "trend"  # trend | regime_change | rate | waves | done | ensemble | prior
     items_s: float | None = None  # seconds for the items left, before the item in progress is counted
+    regime_start: float | None = None  # the count where the latest regime began (a step in the rate), if any
 
     def as_dict(self) -> dict:
         return {"eta_s": seconds(self.eta_s), "eta_low_s": seconds(self.eta_low_s),
@@ -370,7 +371,8 @@ def estimate_bar(points: Sequence[tuple[float, float]], total: float | None, *, 
     high = max(point, hi_drift) * math.exp(width) - done_part
     if since > p0:
         high = max(high, high * since / p0)
-    return BarEstimate(eta, min(low, eta), max(high, eta), p0, source, items_s=point)
+    return BarEstimate(eta, min(low, eta), max(high, eta), p0, source, items_s=point,
+                       regime_start=float(mids[0] - dns[0] / 2.0) if c > 0 else None)
 
 
 class TqdmEma:
@@ -488,7 +490,8 @@ class BarTracker:
             done = max(fit.items_s - fit.eta_s, 0.0) if fit.eta_s > 0 else 0.0
             f_items, f_low, f_high = fit.items_s, fit.eta_low_s + done, fit.eta_high_s + done
             self.cands.set_fit(fit.items_s / remaining)
-        got = combine(self.cands, remaining, f_items, f_low, f_high, self.history_prior)
+        got = combine(self.cands, remaining, f_items, f_low, f_high, self.history_prior,
+                      regime_start=fit.regime_start if fit is not None else None)
         if got is None:
             return fit
         items_s, lo, hi, weights = got
