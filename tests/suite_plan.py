@@ -31,7 +31,7 @@ SHARED = {
     "netlab": ("test_ssh_inject", "test_ssh_lab", "test_ssh_preflight", "test_ssh_sync", "test_ssh_testlab",
                "test_transfers"),
     "slurm": ("test_slurm_lab",),
-    "tiny_drafter": ("test_acceptance", "test_serve_smoke", "test_multigpu"),
+    "tiny_drafter": ("test_acceptance", "test_serve_smoke", "test_multigpu", "test_engine_check"),
 }
 GROUP_OF = {stem: group for group, stems in SHARED.items() for stem in stems}
 
@@ -51,7 +51,7 @@ WEIGHT_S: dict[str, float] = {
 PARTS: dict[str, tuple[str, ...]] = {
     "parse": ("test_parse_*", "test_tail_*"),
     "stages": ("test_stages_unit", "test_extract", "test_acceptance", "test_acceptance_chain", "test_served_acceptance", "test_serve_smoke", "test_multigpu",
-               "test_pilot", "test_train_*", "test_model", "test_drafter_support"),
+               "test_engine_check", "test_pilot", "test_train_*", "test_model", "test_drafter_support"),
     "pipeline": ("test_pipeline_e2e", "test_foresight_demo", "test_gates", "test_forecast_unit", "test_side_jobs"),
     "ssh": ("test_ssh_*", "test_transfers", "test_demo_spread"),
     "web": ("test_web", "test_web_*", "test_render_status"),
