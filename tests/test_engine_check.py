@@ -8,7 +8,7 @@ answers (8 epochs), served by real vLLM on CPU through the real `bin/lab pipelin
 engine_check beside it) of a lab whose pipeline is conf/pipeline.yaml's serve_target and synth. Twice, one
 vLLM start each: the healthy drafter (no alarm), and the same drafter whose served copy has its d2t mapping
 zeroed (the offline estimate still reads the original): the alarm, naming both figures. Greedy synth rows
-are the same token for token under both: speculative decoding does not change what the target says (the
+are the same token for token under both (48 rows): speculative decoding does not change what the target says (the
 faulty copy's drafts are all rejected, so its rows are the target's alone)."""
 
 from __future__ import annotations
@@ -152,9 +152,14 @@ def replay(tiny_data, tmp_path_factory):
         "--lr", "3e-3", "--loss-fn", "ce", "--total-seq-len", "1024", "--device", "cpu", "--acceptance-k", "0")
     drafter = ck / "7"
     _zero_d2t(drafter, root / "served_faulty")
-    vars_ = {"model": str(tiny_data["model"]), "prompts": str(tiny_data["root"] / "prompts.jsonl"), "device": "cpu",
+    # the drafter's 16 prompts three times over (new ids), one at a time: synth lasts long enough (~20 s idle) for
+    # the check to start while it runs and read vLLM's counters live
+    prompts = [json.loads(x) for x in (tiny_data["root"] / "prompts.jsonl").read_text().splitlines() if x.strip()]
+    (root / "prompts.jsonl").write_text("".join(json.dumps({**p, "id": f"{p['id']}-{i}"}) + "\n"
+                                                for i in range(3) for p in prompts))
+    vars_ = {"model": str(tiny_data["model"]), "prompts": str(root / "prompts.jsonl"), "device": "cpu",
              "max_model_len": "1280", "seq_length": "1024", "prompt_max_tokens": "128", "synth_max_tokens": "64",
-             "synth_limit": "16", "synth_concurrency": "4", "kv_cache_gib": "1"}
+             "synth_limit": "48", "synth_concurrency": "1", "kv_cache_gib": "1"}
     hook = Hook(HOOK_PORT)
     out = {"hook": hook}
     try:
@@ -217,6 +222,9 @@ def test_the_drafter_served_wrong_is_caught_during_synth(replay):
     assert body["stage"] == "engine_check" and body["text"].startswith("ENGINE-PATH ALARM on ")
     assert f"{eng['served_rate']:.1%} acceptance" in body["text"] and f"is {eng['offline_rate']:.1%}" in body["text"]
     check = json.loads((got["data"] / "engine_check" / "check.json").read_text())
+    runs = {r["stage"]: r for r in got["status"]["runs"]}
+    assert runs["engine_check"]["started_at"] < runs["synth"]["ended_at"]  # during synth: vLLM's counters, live
+    assert check["served_source"].endswith("/metrics")
     print(f"faulty: served {check['served_rate']:.4f} ({check['drafts']} drafts) offline {check['offline_rate']:.4f} "
           f"ratio {check['ratio']:.3f}; {check['seconds']} s")
 
@@ -224,4 +232,4 @@ def test_the_drafter_served_wrong_is_caught_during_synth(replay):
 @SLOW
 def test_greedy_synth_rows_are_the_same_with_either_drafter(replay):
     healthy, faulty = _rows(replay["healthy"]["data"]), _rows(replay["faulty"]["data"])
-    assert len(healthy) == 16 and healthy == faulty
+    assert len(healthy) == 48 and healthy == faulty
