@@ -213,9 +213,12 @@ def test_the_drafter_served_wrong_is_caught_during_synth(replay):
     words = engine_words(eng)
     assert f"ENGINE-PATH ALARM: {words}" in " ".join(got["text"].split())  # lab status, both figures
     assert "engine-path alarm: vLLM served the drafter" in eng["reason"]
-    from status_web.model import side_jobs_view  # the page's banner
-    banner = [sj for sj in side_jobs_view(got["status"]["pipeline"]) if sj["engine"] and sj["engine"]["alarm"]]
-    assert banner and banner[0]["engine"]["words"] == words
+    from status_web.app import create_app  # the page's banner, on the lab's own status
+    app = create_app(source=lambda: got["status"], start=False)
+    app.extensions["eaglelab"].snapshot.refresh_now()
+    page = app.test_client().get("/").get_data(as_text=True)
+    banner = page[page.index('id="engine-alarm"'):]
+    assert f'<span class="mono">{words}</span>' in banner[:banner.index("</div>")]
     from conftest import wait_for
     wait_for(lambda: any(b.get("alarm") == "engine_path" for b in replay["hook"].bodies), timeout=120)
     body = next(b for b in replay["hook"].bodies if b.get("alarm") == "engine_path")

@@ -71,7 +71,9 @@ def served_from_manifest(synth_dir: Path) -> dict | None:
 
 
 def judge(served: float, offline: float, drafts: int, min_ratio: float, min_drafts: int) -> dict:
-    """The comparison (pure): ratio, alarm, and why there is no judgement when there is none."""
+    """The comparison (pure): ratio, alarm, and why there is no judgement when there is none. The rates are
+    taken to 4 decimals, as the metric line prints them: the alarm's words and the page's say the same."""
+    served, offline = round(served, 4), round(offline, 4)
     ratio = served / offline if offline > 0 else None
     why = (f"vLLM counted {drafts} draft(s), fewer than --min-drafts {min_drafts}" if drafts < min_drafts else
            "the offline acceptance is 0: nothing to compare against" if ratio is None else None)
