@@ -43,8 +43,6 @@ def add(cfg, where: Path | None) -> list[str]:
     ec = cfg.pipeline.engine_check
     if ec is None:
         return []
-    from .config import DuringConfig, PriorConfig, ReadyConfig, StageConfig
-
     at = f"{where}: engine_check"
     for name in (SOURCE_SERVICE, SYNTH):
         if name not in cfg.stages:
@@ -55,19 +53,20 @@ def add(cfg, where: Path | None) -> list[str]:
         if name in cfg.stages:
             raise ConfigError(f"{at}: stage name {name!r} is taken by the engine check's own; rename that stage")
     target, synth = cfg.stage(SOURCE_SERVICE), cfg.stage(SYNTH)
+    stage_model = type(target)  # config.StageConfig, without importing config (which calls us): no import circle
     if SOURCE_SERVICE not in synth.needs:
         raise ConfigError(f"{at}: stages.synth does not need {SOURCE_SERVICE}; the engine check replaces that server")
     port = str(ec.port)
     served = ec.served_drafter or ec.drafter
     endpoint = f"http://${{host_addr}}:{port}"
-    ready = ReadyConfig(**{**(target.ready.model_dump() if target.ready else {}), "url": f"{endpoint}/health"})
-    svc = StageConfig(
+    ready = {**(target.ready.model_dump() if target.ready else {}), "url": f"{endpoint}/health"}
+    svc = stage_model.model_validate(dict(
         kind="service", host=target.host, env=dict(target.env), gpus=target.gpus, ready=ready,
         command=[*without(target.command, ("--port", "--mode")), "--port", port, "--mode", "eval", "--drafter", served,
                  "--num-speculative-tokens", "${num_speculative_tokens}"],
         inputs=[*target.inputs, served], depends_on=list(target.depends_on), stop_grace_s=target.stop_grace_s,
         slurm=target.slurm, prior=target.prior, keep_alive_s=0,  # gone once synth is: eval_baseline's server is plain
-        description=f"the target with the drafter {served} (speculative decoding) for synth: the engine check")
+        description=f"the target with the drafter {served} (speculative decoding) for synth: the engine check"))
     svc.name = SERVICE
     synth.needs = [SERVICE if n == SOURCE_SERVICE else n for n in synth.needs]
     synth.command = [*synth.command, "--endpoint", endpoint]
@@ -78,11 +77,11 @@ def add(cfg, where: Path | None) -> list[str]:
            "--device", "${device}", "--out", "${data}/engine_check", "${trust_remote_code}"]
     if ec.offline_rate is not None:
         cmd += ["--offline-rate", str(ec.offline_rate)]
-    job = StageConfig(
+    job = stage_model.model_validate(dict(
         host=synth.host, env=dict(synth.env), command=cmd, inputs=["${model}", ec.drafter],
-        outputs=["${data}/engine_check"], during=DuringConfig(stage=SYNTH, after=ec.rows, late=True),
-        prior=PriorConfig(unit="items", expected=1, per_s=1, fixed_s=60),
-        description="vLLM's served acceptance of the drafter against its offline acceptance on the same synth rows")
+        outputs=["${data}/engine_check"], during={"stage": SYNTH, "after": ec.rows, "late": True},
+        prior={"unit": "items", "expected": 1, "per_s": 1, "fixed_s": 60},
+        description="vLLM's served acceptance of the drafter against its offline acceptance on the same synth rows"))
     job.name = JOB
     cfg.stages[SERVICE], cfg.stages[JOB] = svc, job
     return [SERVICE, JOB]
