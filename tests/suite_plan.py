@@ -38,8 +38,9 @@ GROUP_OF = {stem: group for group, stems in SHARED.items() for stem in stems}
 # Seconds each long group took in a serial run on the idle 2-core machine (2026-12-04, 895 tests in
 # 2,808 s; demo_spread since less by the testlab's resolver fix): the order the groups start in.
 # A group not named here counts as short and keeps its collection order after these.
+# tiny_drafter: 286 + ~300 for test_engine_check (its drafter and two vLLM starts; 553 s measured under a load of ~11).
 WEIGHT_S: dict[str, float] = {
-    "test_demo_spread": 947, "test_pipeline_e2e": 310, "tiny_drafter": 286, "netlab": 207,
+    "test_demo_spread": 947, "test_pipeline_e2e": 310, "tiny_drafter": 586, "netlab": 207,
     "test_foresight_demo": 192, "slurm": 168, "test_extract": 111, "test_train_repeat": 97, "test_cron": 82,
     "test_runs_lifecycle": 73, "test_pilot": 54, "test_train_progress": 44, "test_side_jobs": 34,
     "test_gates": 30, "test_web_crawl": 26, "test_idle_services": 21,
