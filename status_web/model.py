@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from eaglelab.figures import engine_words
 from eaglelab.figures import human_duration as fmt_duration
 from eaglelab.fsutil import parse_iso
 from eaglelab.model import FINAL, exit_text
@@ -261,8 +262,20 @@ def side_jobs_view(pipe: dict) -> list[dict]:
         out.append({"stage": str(sj.get("stage") or ""), "beside": str(sj.get("beside") or ""),
                     "smoke_of": str(sj.get("smoke_of") or ""), "state": str(sj.get("state") or ""),
                     "run": str(sj.get("run") or ""), "reason": str(sj.get("reason") or ""),
-                    "will_fail": bool(sj.get("smoke_of") and sj.get("reason") and sj.get("current_config"))})
+                    "will_fail": bool(sj.get("smoke_of") and sj.get("reason") and sj.get("current_config")),
+                    "engine": engine_view(sj.get("engine"))})
     return out
+
+
+def engine_view(eng) -> dict | None:
+    """The engine check's figures (docs/foresight.md, "The engine check"): an alarm is a banner naming both."""
+    eng = mapping(eng)
+    if not eng:
+        return None
+    try:
+        return {"alarm": bool(eng.get("alarm")), "words": engine_words(eng)}
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 SOURCE_WORDS = {"pilot": "a pilot slice's checkpoint", "checkpoint": "the latest training checkpoint (offline)",

@@ -31,15 +31,16 @@ SHARED = {
     "netlab": ("test_ssh_inject", "test_ssh_lab", "test_ssh_preflight", "test_ssh_sync", "test_ssh_testlab",
                "test_transfers"),
     "slurm": ("test_slurm_lab",),
-    "tiny_drafter": ("test_acceptance", "test_serve_smoke", "test_multigpu"),
+    "tiny_drafter": ("test_acceptance", "test_serve_smoke", "test_multigpu", "test_engine_check"),
 }
 GROUP_OF = {stem: group for group, stems in SHARED.items() for stem in stems}
 
 # Seconds each long group took in ci8 (a fresh clone on the idle 2-core machine, 3 workers,
 # 2026-12-04: 985 tests, 2,476 s of test time): the order the groups start in.
 # A group not named here counts as short and keeps its collection order after these.
+# tiny_drafter: 328 + ~150 for test_engine_check (its drafter and two vLLM starts; 553 s measured under a load of ~11).
 WEIGHT_S: dict[str, float] = {
-    "test_demo_spread": 411, "test_pipeline_e2e": 333, "tiny_drafter": 328, "netlab": 240,
+    "test_demo_spread": 411, "test_pipeline_e2e": 333, "tiny_drafter": 480, "netlab": 240,
     "test_foresight_demo": 182, "slurm": 176, "test_train_repeat": 123, "test_extract": 114,
     "test_runs_lifecycle": 86, "test_cron": 73, "test_pilot": 59, "test_train_progress": 49,
     "test_idle_services": 40, "test_side_jobs": 32, "test_gates": 30, "test_web_crawl": 28,
@@ -51,7 +52,7 @@ WEIGHT_S: dict[str, float] = {
 PARTS: dict[str, tuple[str, ...]] = {
     "parse": ("test_parse_*", "test_tail_*"),
     "stages": ("test_stages_unit", "test_extract", "test_acceptance", "test_acceptance_chain", "test_served_acceptance", "test_serve_smoke", "test_multigpu",
-               "test_pilot", "test_train_*", "test_model", "test_drafter_support"),
+               "test_engine_check", "test_pilot", "test_train_*", "test_model", "test_drafter_support"),
     "pipeline": ("test_pipeline_e2e", "test_foresight_demo", "test_gates", "test_forecast_unit", "test_side_jobs"),
     "ssh": ("test_ssh_*", "test_transfers", "test_demo_spread"),
     "web": ("test_web", "test_web_*", "test_render_status"),

@@ -36,7 +36,7 @@ def test_lab_plan_kimi_shows_each_stage_with_its_settings():
         return lines[i + 1]
 
     for stage, needles in {
-        "synth": ["max-tokens=16384", "concurrency=64", "needs serve_target:", "tensor-parallel=8",
+        "synth": ["max-tokens=16384", "concurrency=64", "needs serve_synth:", "tensor-parallel=8",  # the engine check's
                   "max-model-len=20480", "--reasoning-parser kimi_k2"],
         "prepare": ["seq-length=18432"],
         "extract": ["aux-layers='2 30 58'", "needs serve_extract:"],

@@ -323,11 +323,27 @@ class GateConfig(_Strict):
     min_checkpoints: int = Field(2, ge=1)  # offline estimates seen before a checkpoint forecast may fail it
 
 
+class EngineCheckConfig(_Strict):
+    """The engine's drafting path checked while synth runs (docs/foresight.md, "The engine check"): synth's
+    server serves the target WITH this drafter, and the job `engine_check` beside synth compares vLLM's own
+    acceptance counters with the drafter's offline acceptance on the same rows; a served figure below
+    `min_ratio` x the offline one is an engine-path alarm. eaglelab.engine_check_stages adds the stages."""
+    drafter: str                       # an EAGLE-3 drafter for this target (speculators format: the offline estimate reads it)
+    served_drafter: str = ""           # what vLLM loads, if not `drafter` (a converted copy; the fault replay's altered copy)
+    min_ratio: float = Field(0.6, gt=0, le=1)  # served / offline acceptance below this: the alarm
+    rows: str | int = 16               # synth rows it checks (the first, in prompt order); it starts once synth made them
+    offline_rate: float | None = Field(None, gt=0, le=1)  # a figure measured elsewhere, where the target cannot
+                                       # run beside synth's server (Kimi-K2.5): compared instead of computing one
+    port: str | int = 8104             # synth's server with the drafter (serve_synth)
+    min_drafts: int = Field(20, ge=1)  # fewer drafts counted by vLLM: no judgement (too few to compare)
+
+
 class PipelineConfig(_Strict):
     vars: dict[str, Any] = {}
     env: dict[str, str] = {}  # the environment every stage starts with; a stage's own `env:` wins
     stages: dict[str, StageConfig] = Field(min_length=1)
     gates: dict[str, GateConfig] = {}  # stage -> the gate it must pass (before it starts and while it runs)
+    engine_check: EngineCheckConfig | None = None  # opt-in: synth served with a known drafter, checked
 
 
 class Config:
@@ -598,7 +614,7 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(current, "model_fields", {}))
 
 
-PROFILE_KEYS = {"hosts", "vars", "env", "stages", "notify", "web", "description", "gates"}
+PROFILE_KEYS = {"hosts", "vars", "env", "stages", "notify", "web", "description", "gates", "engine_check"}
 
 
 class _Where:
@@ -659,7 +675,7 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             raise ConfigError(f"{prof_file}: unknown key(s) {', '.join(sorted(unknown))}; "
                               f"a profile may set: {', '.join(sorted(PROFILE_KEYS))}")
     prof_lab = {k: prof_raw[k] for k in ("hosts", "notify", "web") if k in prof_raw}
-    prof_pipe = {k: prof_raw[k] for k in ("vars", "env", "stages", "gates") if k in prof_raw}
+    prof_pipe = {k: prof_raw[k] for k in ("vars", "env", "stages", "gates", "engine_check") if k in prof_raw}
     lab = _validate(LabConfig, _deep_merge(lab_raw, prof_lab), [lab_file, prof_file], [lab_raw, prof_lab])
     pipe = _validate(PipelineConfig, _deep_merge(pipe_raw, prof_pipe), [pipe_file, prof_file],
                      [pipe_raw, prof_pipe])
@@ -727,6 +743,8 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
                                   f"{did_you_mean(other, lab.hosts)}")
     _check_length_budget(pipe.vars, lambda k: pipe_at("vars", k))
     cfg = Config(lab, pipe, profile, conf_dir)
+    from . import engine_check_stages  # serve_synth + engine_check, before their ${vars} are checked
+    engine_check_stages.add(cfg, pipe_at("engine_check") if pipe.engine_check else None)
     for s in pipe.stages.values():  # unknown ${vars}, before placement renders them; blamed on their file
         variables = cfg.vars_for(s)
         for key in ("command", "env", "inputs", "outputs"):

@@ -59,3 +59,12 @@ def clock_duration(s: float | None) -> str:
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def engine_words(eng: dict) -> str:
+    """The engine check's two figures in words (docs/foresight.md, "The engine check"): served by vLLM vs
+    offline on the same synth rows, the ratio and the floor it is held to (pure)."""
+    alarm = bool(eng.get("alarm"))
+    return (f"vLLM served the drafter at {eng['served_rate']:.1%} acceptance ({eng['drafts']} drafts), offline "
+            f"{eng['offline_rate']:.1%} on the same synth rows: {eng['ratio']:.2f}x, "
+            f"{'below' if alarm else 'at or above'} min_ratio {eng['min_ratio']:g}")

@@ -467,6 +467,7 @@ class Lab:
                     later = {svc for n in jobs[i + 1:] for svc in self.cfg.stage(n).needs}
                     self.stop_services(out=out, keep=lambda n, later=later: n in later, why="no stage left needs it")
             if result.failed is None:
+                side.poll(force=True)  # one due on the last job, which ended between two polls (late: true)
                 side.finish()  # a pilot still running: its forecast belongs to this pipeline
         finally:
             self.side_runs = None

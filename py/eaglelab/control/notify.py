@@ -102,6 +102,8 @@ def stage_payload(event: str, run: dict, status_url: str, now: float) -> dict:
     elif event == "failed" and str(stage).startswith(SMOKE_PREFIX):  # the next stage's failure, found early
         text = (f"{stage[len(SMOKE_PREFIX):]} will fail: its smoke test failed on {host} after "
                 f"{human_duration(dur)}: {reason or run.get('state')}")
+    elif event == "failed" and stage == "engine_check" and "engine-path alarm" in (reason or ""):
+        text = f"ENGINE-PATH ALARM on {host} while synth runs: {reason}"  # docs/foresight.md, "The engine check"
     elif event == "failed":
         text = f"{stage} failed on {host} after {human_duration(dur)}: {reason or run.get('state')}"
     else:
@@ -113,6 +115,7 @@ def stage_payload(event: str, run: dict, status_url: str, now: float) -> dict:
             "exit_code": run.get("exit_code"), "signal": run.get("signal"),
             "failure": ls.get("failure"), "reason": reason, "status_url": status_url, "text": text,
             **({"smoke_of": stage[len(SMOKE_PREFIX):]} if str(stage).startswith(SMOKE_PREFIX) else {}),
+            **({"alarm": "engine_path"} if text.startswith("ENGINE-PATH ALARM") else {}),
             "at": utcnow_iso(now)}
 
 

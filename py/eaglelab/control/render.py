@@ -248,8 +248,15 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
     if isinstance(fc, dict) and isinstance(fc.get("acceptance_rate"), (int, float)):
         from .forecast import describe  # docs/foresight.md
         console.print(esc("forecast: " + describe(fc)), markup=False, highlight=False)
+    from eaglelab.figures import engine_words
     for sj in pipe.get("side_jobs") or []:  # docs/foresight.md: a smoke's failure is the next stage's
-        if sj.get("smoke_of") and sj.get("reason") and sj.get("current_config"):
+        eng = sj.get("engine") or {}
+        if eng.get("alarm"):  # docs/foresight.md, "The engine check"
+            console.print(esc(f"ENGINE-PATH ALARM: {engine_words(eng)} (lab logs {sj['run']})"),
+                          markup=False, highlight=False)
+        elif eng:
+            console.print(esc(f"engine check: {engine_words(eng)} ({sj['run']})"), markup=False, highlight=False)
+        elif sj.get("smoke_of") and sj.get("reason") and sj.get("current_config"):
             console.print(esc(f"{sj['smoke_of']} WILL FAIL: its smoke test {sj['run']} {sj['state']} beside "
                               f"{sj['beside']}: {sj['reason']} (lab logs {sj['run']})"), markup=False, highlight=False)
         elif sj.get("state") in ("running", "pending") and sj.get("run"):
@@ -264,3 +271,4 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
             allruns.add_row(esc(r["id"]), esc(r["stage"]), esc(r["host"]), esc(r["state"]), esc(r.get("exit_code") or ""),
                             esc(r.get("signal") or ""), fmt_clock(r.get("started_at")), fmt_duration(r.get("duration_s")))
         console.print(allruns)
+

@@ -80,8 +80,22 @@ def side_jobs_view(lab: Lab, runs: list[dict]) -> list[dict]:
         out.append({"current_config": current, "stage": name, "beside": s.during.stage, "after": side_jobs.after_units(lab.cfg, s),
                     "smoke_of": s.smoke_of, "state": state, "run": (latest or {}).get("id"),
                     "ended_at": (latest or {}).get("ended_at"),
-                    "reason": failure_of(latest) if latest and state in ("failed", "killed", "lost") else None})
+                    "reason": failure_of(latest) if latest and state in ("failed", "killed", "lost") else None,
+                    **({"engine": engine_figures(latest)} if name == "engine_check" and latest else {})})
     return out
+
+
+def engine_figures(run: dict) -> dict | None:
+    """The engine check's figures from its metric line (eaglelab.stages.engine_check), None before it; `alarm`
+    only when the run failed with them: the engine-path alarm (docs/foresight.md, "The engine check")."""
+    metrics = (run.get("log_state") or {}).get("metrics") or {}
+    try:
+        got = {k: float(metrics[f"engine/{k}"][-1][1]) for k in ("served_rate", "offline_rate", "ratio", "min_ratio")}
+        got["drafts"] = int(metrics["engine/drafts"][-1][1])
+        flagged = bool(metrics["engine/alarm"][-1][1])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    return {**got, "alarm": flagged and run.get("state") == "failed", "run": run.get("id")}
 
 
 def _annotate_eta(lab: Lab, status: dict, now: float, refresh: bool = False) -> dict:
