@@ -23,6 +23,7 @@ from eaglelab.config import Config, StageConfig
 from eaglelab.control.registry import Registry
 from eaglelab.errors import EaglelabError, HostError, StageError
 from eaglelab.fsutil import parse_iso
+from eaglelab.host.settle import at_launch
 from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, check, exit_text
 
 from . import preflight, services, stage_code
@@ -268,7 +269,7 @@ class Lab:
             check(Meta, meta, f"host {spec['host']}: the launch of {spec['stage']} answered")
         except BadRecord as e:  # a malformed answer is an error, not a KeyError far away
             raise HostError(f"{e}; the run may exist on the host: `lab status` shows it once it reports") from None
-        rec = {**meta, "id": meta["run_id"], "state": "running" if meta.get("started_at") else "pending",
+        rec = {**meta, "id": meta["run_id"], "state": at_launch(meta),
                "run_dir": str(Path(self.executor(spec["host"]).work_dir) / "runs" / meta["run_id"])}
         self.registry.upsert(rec)
         return self.registry.get(rec["id"]) or rec

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from eaglelab.errors import RegistryError
 from eaglelab.fsutil import utcnow_iso
-from eaglelab.model import ACTIVE, FINAL, RUN_FIELDS, RunState
+from eaglelab.host.settle import state_of, vanished
+from eaglelab.model import ACTIVE, FINAL, RUN_FIELDS
 
-STATES = tuple(RunState)
 # the run record's fields (eaglelab.model.RunRecord), when written, and as of when (see supersedes)
 COLUMNS = (*RUN_FIELDS, "updated_at", "as_of")
 
@@ -152,8 +152,7 @@ class Registry:
             row["slurm"] = r.get("slurm")  # job id, queue, nodes
             row["updated_at"] = now
             row["as_of"] = as_of
-            if row["state"] not in STATES:
-                row["state"] = "killed" if row["state"] is None and row["ended_at"] else (row["state"] or "pending")
+            row["state"] = state_of(row)  # the host's answer; settle's for a row that carries none
             rows.append((r, row))
         cols = ", ".join(COLUMNS)
         marks = ", ".join(f":{c}" for c in COLUMNS)
@@ -261,13 +260,7 @@ class Registry:
         """End runs the host confirmed it no longer has (missing_from, asked twice): `killed`, `lost`,
         the reason in `end_unknown` (so it is not run again unasked: `lab run STAGE --force`)."""
         now = utcnow_iso()
-        rows = []
-        for row, why in missing:
-            ls = row.get("log_state")
-            rows.append({**row, "state": RunState.KILLED.value, "lost": True, "orphaned": False, "ended_at": now,
-                         "end_unknown": f"host {host} no longer reports it: {why}",
-                         "log_state": {**ls, "state": RunState.KILLED.value, "stall": None, "lost": True}
-                         if isinstance(ls, dict) else ls})
+        rows = [vanished(row, f"host {host} no longer reports it: {why}", now) for row, why in missing]
         if rows:
             self.upsert_many(rows)
 
