@@ -15,7 +15,7 @@ from typing import Any
 
 from eaglelab.figures import human_duration as fmt_duration
 from eaglelab.fsutil import parse_iso
-from eaglelab.model import FINAL, exit_text
+from eaglelab.model import FINAL, Finish, exit_text
 
 MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 
@@ -91,21 +91,10 @@ def guarded(build: Callable[[], dict], fallback: dict) -> dict:
 # -- ETAs ---------------------------------------------------------------------------------------
 
 def finish_times(eta: Any, now: float) -> dict | None:
-    """{at, low, high} (timestamps) from an eta dict (finish_at/finish_low_at/finish_high_at, or
-    eta_s/eta_low_s/eta_high_s relative to now); None when it says nothing usable."""
-    eta = mapping(eta)
-    at = ts(eta.get("finish_at"))
-    if at is None and num(eta.get("eta_s")) is not None:
-        at = now + num(eta.get("eta_s"))
-    if at is None:
-        return None
-    low = ts(eta.get("finish_low_at"))
-    high = ts(eta.get("finish_high_at"))
-    if low is None and num(eta.get("eta_low_s")) is not None:
-        low = now + num(eta.get("eta_low_s"))
-    if high is None and num(eta.get("eta_high_s")) is not None:
-        high = now + num(eta.get("eta_high_s"))
-    return {"at": at, "low": low, "high": high}
+    """{at, low, high} (timestamps) of the ETA engine's estimate (eaglelab.model.Finish reads both
+    of its encodings); None when it says nothing usable."""
+    fin = Finish.from_json(eta, now)
+    return None if fin is None else {"at": fin.at, "low": fin.low, "high": fin.high}
 
 
 def eta_view(fin: dict | None, now: float, source: str = "", basis: str = "") -> dict | None:
