@@ -15,7 +15,7 @@ from typing import Any
 
 from eaglelab.figures import human_duration as fmt_duration
 from eaglelab.fsutil import parse_iso
-from eaglelab.model import FINAL, Finish, exit_text
+from eaglelab.model import FINAL, Finish, LogState, exit_text
 
 MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 
@@ -119,8 +119,8 @@ def run_finish(run: dict, stage: dict | None, now: float) -> tuple[dict | None, 
         fin = finish_times(src, now)
         if fin:
             return fin, "eta"
-    prog = mapping(mapping(run.get("log_state")).get("progress"))
-    left = num(prog.get("eta_s"))
+    ls = LogState.from_json(run.get("log_state"))
+    left = ls.progress.eta_s if ls and ls.progress else None
     if left is not None:
         return {"at": now + left, "low": None, "high": None}, "bar"
     return None, ""
@@ -129,16 +129,14 @@ def run_finish(run: dict, stage: dict | None, now: float) -> tuple[dict | None, 
 # -- the overview grid --------------------------------------------------------------------------
 
 def progress_view(log_state: Any) -> dict | None:
-    prog = mapping(mapping(log_state).get("progress"))
-    n, total = num(prog.get("n")), num(prog.get("total"))
-    if n is None:
+    ls = LogState.from_json(log_state)
+    prog = ls.progress if ls else None
+    if prog is None:
         return None
+    n, total, rate, unit = prog.n, prog.total, prog.rate_s_per_it, prog.unit
     ratio = max(0.0, min(1.0, n / total)) if total else None
-    rate = num(prog.get("rate_s_per_it"))
-    unit = str(prog.get("unit") or "it")
     return {"n": _int_or(n), "total": _int_or(total) if total is not None else None, "unit": unit,
-            "ratio": ratio, "pct": None if ratio is None else round(100 * ratio, 1),
-            "label": str(prog.get("label") or ""),
+            "ratio": ratio, "pct": None if ratio is None else round(100 * ratio, 1), "label": prog.label,
             "rate": (f"{rate:.3g} s/{unit}" if rate >= 1 else f"{1 / rate:.3g} {unit}/s") if rate else ""}
 
 

@@ -14,7 +14,7 @@ import pytest
 from eaglelab import model
 from eaglelab.control import notify
 from eaglelab.control.registry import RUN_COLUMNS, Registry
-from eaglelab.model import RUN_FIELDS, BadRecord, Finish, Run, RunState, StageState, check
+from eaglelab.model import RUN_FIELDS, BadRecord, Finish, LogState, Progress, Run, RunState, StageState, check
 from status_web import model as web
 
 REPORTED = {"id": "t-1", "stage": "t", "host": "local", "state": "killed", "exit_code": None, "signal": 15,
@@ -115,3 +115,21 @@ def test_the_pipeline_finished_payload_is_pinned():
     assert (ok["reason"], ok["text"]) == (None, f"all finished on {host} in 59s: 5 stages")
     assert json.loads(json.dumps(payload)) == payload
     assert model.RunState.FAILED == "failed"  # members on the wire are their values
+
+
+@pytest.mark.parametrize("progress,expected", [
+    ({"label": "shards", "n": 55, "total": 64, "unit": "shard", "rate_s_per_it": 27.81, "eta_s": 250.0,
+      "history": [[1, 1]]}, (55.0, 64.0, "shard", 250.0)),
+    ({"n": 3, "total": "many", "rate_s_per_it": float("nan"), "eta_s": True}, (3.0, None, "it", None)),
+    ({"n": None, "total": 64}, None), ("garbage", None), (None, None),
+])
+def test_the_log_state_and_its_progress_are_read_once_garbled_fields_as_absent(progress, expected):
+    ls = LogState.from_json({"schema": 1, "state": "running", "progress": progress, "lines": 12})
+    p = ls.progress
+    assert (None if p is None else (p.n, p.total, p.unit, p.eta_s)) == expected
+    assert ls.state == "running" and ls.extra == {"schema": 1, "lines": 12}
+    if p is not None and expected[1] is not None:
+        assert Progress.from_json(p.to_json()) == p and p.to_json()["history"] == [[1, 1]]
+    assert LogState.from_json([1, 2]) is None
+    view = web.progress_view({"progress": progress})
+    assert (view is None) == (p is None)

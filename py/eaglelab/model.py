@@ -164,6 +164,73 @@ RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Run) if f.name != "ex
 _RUN_FIELD_SET = frozenset(RUN_FIELDS)
 
 
+def _number(v: Any) -> float | None:
+    """A finite number of a JSON object, or None (bools, strings, NaN and infinities are not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The state JSON's `progress`: the stage's main bar (docs/interfaces.md). from_json is the one
+    place its fields are checked: a garbled one reads as absent, never as a crash in a front end."""
+
+    n: float
+    total: float | None = None
+    unit: str = "it"
+    label: str = ""
+    rate_s_per_it: float | None = None
+    elapsed_s: float | None = None
+    eta_s: float | None = None
+    eta_low_s: float | None = None
+    eta_high_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Progress | None":
+        """None when there is no bar (not an object, or no count `n`)."""
+        if not isinstance(data, dict) or _number(data.get("n")) is None:
+            return None
+        nums = {k: _number(data.get(k)) for k in ("total", "rate_s_per_it", "elapsed_s", "eta_s", "eta_low_s",
+                                                   "eta_high_s")}
+        return cls(n=_number(data["n"]), unit=str(data.get("unit") or "it"), label=str(data.get("label") or ""),
+                   **nums, extra={k: v for k, v in data.items() if k not in _PROGRESS_FIELDS})
+
+    def to_json(self) -> dict:
+        return {**{k: getattr(self, k) for k in _PROGRESS_FIELDS}, **self.extra}
+
+
+_PROGRESS_FIELDS = ("n", "total", "unit", "label", "rate_s_per_it", "elapsed_s", "eta_s", "eta_low_s", "eta_high_s")
+
+
+@dataclass(frozen=True)
+class LogState:
+    """The state JSON (docs/interfaces.md), as the parser wrote it and settle made it agree with the
+    run: `state` (a RunState, or `stalled`), `failure`, the main `progress`, the open `phase`."""
+
+    state: str | None = None
+    failure: dict[str, Any] | None = None
+    progress: Progress | None = None
+    phase: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "LogState | None":
+        """None when there is no state JSON (absent, or not an object)."""
+        if not isinstance(data, dict):
+            return None
+        state, failure, phase = data.get("state"), data.get("failure"), data.get("phase")
+        return cls(state=state if isinstance(state, str) else None,
+                   failure=failure if isinstance(failure, dict) else None,
+                   progress=Progress.from_json(data.get("progress")), phase=phase if isinstance(phase, str) else None,
+                   extra={k: v for k, v in data.items() if k not in ("state", "failure", "progress", "phase")})
+
+    def to_json(self) -> dict:
+        return {"state": self.state, "failure": self.failure,
+                "progress": self.progress.to_json() if self.progress else None, "phase": self.phase, **self.extra}
+
+
 @dataclass(frozen=True)
 class Finish:
     """When something will finish, as the ETA engine estimated it: `at` (a POSIX time), the range
@@ -184,10 +251,8 @@ class Finish:
 
         def when(iso_key: str, rel_key: str) -> float | None:
             t = _iso_time(eta.get(iso_key))
-            rel = eta.get(rel_key)
-            if t is None and isinstance(rel, (int, float)) and not isinstance(rel, bool) and math.isfinite(rel):
-                t = now + float(rel)
-            return t
+            rel = _number(eta.get(rel_key))
+            return now + rel if t is None and rel is not None else t
 
         at = when("finish_at", "eta_s")
         if at is None:
