@@ -15,7 +15,8 @@ from typing import Any
 
 from eaglelab.figures import human_duration as fmt_duration
 from eaglelab.fsutil import parse_iso
-from eaglelab.model import FINAL, Finish, LogState, exit_text
+from eaglelab.logstate import Finish, LogState
+from eaglelab.model import FINAL, exit_text
 
 MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 

@@ -14,7 +14,8 @@ import pytest
 from eaglelab import model
 from eaglelab.control import notify
 from eaglelab.control.registry import RUN_COLUMNS, Registry
-from eaglelab.model import RUN_FIELDS, BadRecord, Finish, LogState, Progress, Run, RunState, StageState, check
+from eaglelab.logstate import Finish, LogState, Progress
+from eaglelab.model import RUN_FIELDS, BadRecord, Run, RunState, StageState, check
 from status_web import model as web
 
 REPORTED = {"id": "t-1", "stage": "t", "host": "local", "state": "killed", "exit_code": None, "signal": 15,

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from eaglelab.fsutil import UntrustedFolder, atomic_write_json, parse_iso, read_json, trusted_folder, utcnow_iso
@@ -219,7 +218,7 @@ def _without_wrapper(run_dir: Path, meta: dict, live: Liveness, end_unknown: str
     spawned_pid = spawned.get("pid") if isinstance(spawned, dict) else None
     spawning = not meta.get("started_at") and (_alive(spawned_pid, run_dir) or now - launched < SPAWN_GRACE_S)
     stage_alive = not spawning and end_unknown is None and bool(run_processes(meta.get("pgid"), run_dir))
-    return replace(live, spawning=spawning, stage_alive=stage_alive, end_unknown=end_unknown,
+    return live._replace(spawning=spawning, stage_alive=stage_alive, end_unknown=end_unknown,
                    last_sign_of_life=_last_sign_of_life(run_dir, meta))
 
 

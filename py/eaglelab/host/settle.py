@@ -16,15 +16,16 @@ decided"; tests/test_settle.py is the same table as a test):
 and the log state is made to agree: an ended run's log state says the same end (a preempted job is
 `killed` in both). Readers (hostside.read_run, slurmside, the registry, notify) carry the answer;
 the controller never decides a run's state again. Pure: the callers gather the facts (files,
-processes, Slurm's answer) and act on the answer (record an end, follow an orphan).
+processes, Slurm's answer) and act on the answer (record an end, follow an orphan). Its records are
+immutable NamedTuples (as model.Ending): made in a tenth of a frozen dataclass's import time, and
+every `lab status` imports this module.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from eaglelab.model import ACTIVE, FINAL, RunState, decide_end
 
@@ -54,8 +55,7 @@ ACTIVE_STATES: dict[str, RunState] = {
 OOM_TEXT = re.compile(rb"exceeded (job )?memory limit|oom[-_ ]kill", re.I)
 
 
-@dataclass(frozen=True)
-class Liveness:
+class Liveness(NamedTuple):
     """What was seen of a run's processes and files (hostside gathers it; settle judges it)."""
 
     wrapper_alive: bool = False       # jobwrap of this very run directory lives
@@ -66,8 +66,7 @@ class Liveness:
     last_sign_of_life: str | None = None  # the heartbeat's or the log's last write: a lost run's end
 
 
-@dataclass(frozen=True)
-class SlurmWord:
+class SlurmWord(NamedTuple):
     """What Slurm said of a run's job (slurmside gathers it: squeue, scontrol/sacct, slurm_end.json)."""
 
     state: str | None = None          # Slurm's JobState; None: no word (not asked, or forgotten)
@@ -79,8 +78,7 @@ class SlurmWord:
     oom_in_output: bool = False       # slurm.out has slurmstepd's "exceeded memory limit"
 
 
-@dataclass(frozen=True)
-class Settled:
+class Settled(NamedTuple):
     """settle's answer: the fields of a run record that say how it stands or ended."""
 
     state: RunState
