@@ -23,7 +23,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from eaglelab.errors import RegistryError
 from eaglelab.fsutil import utcnow_iso
 from eaglelab.host.settle import state_of, vanished
-from eaglelab.model import ACTIVE, FINAL, RUN_FIELDS, Run
+from eaglelab.model import ACTIVE, FINAL, RUN_FIELDS, Run, RunState
 
 # the run record's fields (eaglelab.model.Run), when written, and as of when (see supersedes)
 COLUMNS = (*RUN_FIELDS, "updated_at", "as_of")
@@ -289,7 +289,7 @@ class Registry:
         rows = []
         for r in runs:
             ls = r.get("log_state") or {}
-            if r.get("state") != "completed":
+            if r.get("state") != RunState.COMPLETED:
                 continue
             for p in ls.get("phases") or []:
                 if p.get("duration_s") is None or not p.get("name"):

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from eaglelab.fsutil import UntrustedFolder, atomic_write_json, parse_iso, read_json, trusted_folder, utcnow_iso
-from eaglelab.model import FINAL, BadRecord, Exit, Meta, check, decide_end, signal_text
+from eaglelab.model import ACTIVE, FINAL, BadRecord, Exit, Meta, check, decide_end, signal_text
 
 from . import hostfacts, machine, sizes
 from .jobwrap import group_alive
@@ -379,7 +379,7 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
     """TERM the stage's process group, KILL it after grace_s; return the run as it ended."""
     run_dir = _run_dir(work_dir, run_id)
     rec = read_run(run_dir)
-    if rec["state"] not in ("running", "pending"):
+    if rec["state"] not in ACTIVE:
         return rec
     (run_dir / "stop_requested").write_text(utcnow_iso() + "\n")
     pgid = rec.get("pgid")

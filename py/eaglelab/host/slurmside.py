@@ -116,7 +116,7 @@ def submit(work_dir: str, spec: dict, opts: dict) -> dict:
         out = slurm(*argv)
     except SlurmCommandError as e:
         atomic_write_json(run_dir / "exit.json", {"schema": 1, "exit_code": None, "signal": None, "signal_name": None,
-                                                  "ended_at": utcnow_iso(), "state": "failed", "error": str(e)})
+                                                  "ended_at": utcnow_iso(), "state": RunState.FAILED, "error": str(e)})
         raise
     job_id = out.strip().split(";")[0]
     info = {"schema": 1, "job_id": job_id, "partition": opts.get("partition"), "submitted_at": utcnow_iso(),
