@@ -16,6 +16,7 @@ from typing import Any
 from eaglelab.figures import engine_words
 from eaglelab.figures import human_duration as fmt_duration
 from eaglelab.fsutil import parse_iso
+from eaglelab.logstate import Finish, LogState
 from eaglelab.model import FINAL, exit_text
 
 MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
@@ -92,21 +93,10 @@ def guarded(build: Callable[[], dict], fallback: dict) -> dict:
 # -- ETAs ---------------------------------------------------------------------------------------
 
 def finish_times(eta: Any, now: float) -> dict | None:
-    """{at, low, high} (timestamps) from an eta dict (finish_at/finish_low_at/finish_high_at, or
-    eta_s/eta_low_s/eta_high_s relative to now); None when it says nothing usable."""
-    eta = mapping(eta)
-    at = ts(eta.get("finish_at"))
-    if at is None and num(eta.get("eta_s")) is not None:
-        at = now + num(eta.get("eta_s"))
-    if at is None:
-        return None
-    low = ts(eta.get("finish_low_at"))
-    high = ts(eta.get("finish_high_at"))
-    if low is None and num(eta.get("eta_low_s")) is not None:
-        low = now + num(eta.get("eta_low_s"))
-    if high is None and num(eta.get("eta_high_s")) is not None:
-        high = now + num(eta.get("eta_high_s"))
-    return {"at": at, "low": low, "high": high}
+    """{at, low, high} (timestamps) of the ETA engine's estimate (eaglelab.model.Finish reads both
+    of its encodings); None when it says nothing usable."""
+    fin = Finish.from_json(eta, now)
+    return None if fin is None else {"at": fin.at, "low": fin.low, "high": fin.high}
 
 
 def eta_view(fin: dict | None, now: float, source: str = "", basis: str = "") -> dict | None:
@@ -131,8 +121,8 @@ def run_finish(run: dict, stage: dict | None, now: float) -> tuple[dict | None, 
         fin = finish_times(src, now)
         if fin:
             return fin, "eta"
-    prog = mapping(mapping(run.get("log_state")).get("progress"))
-    left = num(prog.get("eta_s"))
+    ls = LogState.from_json(run.get("log_state"))
+    left = ls.progress.eta_s if ls and ls.progress else None
     if left is not None:
         return {"at": now + left, "low": None, "high": None}, "bar"
     return None, ""
@@ -141,16 +131,14 @@ def run_finish(run: dict, stage: dict | None, now: float) -> tuple[dict | None, 
 # -- the overview grid --------------------------------------------------------------------------
 
 def progress_view(log_state: Any) -> dict | None:
-    prog = mapping(mapping(log_state).get("progress"))
-    n, total = num(prog.get("n")), num(prog.get("total"))
-    if n is None:
+    ls = LogState.from_json(log_state)
+    prog = ls.progress if ls else None
+    if prog is None:
         return None
+    n, total, rate, unit = prog.n, prog.total, prog.rate_s_per_it, prog.unit
     ratio = max(0.0, min(1.0, n / total)) if total else None
-    rate = num(prog.get("rate_s_per_it"))
-    unit = str(prog.get("unit") or "it")
     return {"n": _int_or(n), "total": _int_or(total) if total is not None else None, "unit": unit,
-            "ratio": ratio, "pct": None if ratio is None else round(100 * ratio, 1),
-            "label": str(prog.get("label") or ""),
+            "ratio": ratio, "pct": None if ratio is None else round(100 * ratio, 1), "label": prog.label,
             "rate": (f"{rate:.3g} s/{unit}" if rate >= 1 else f"{1 / rate:.3g} {unit}/s") if rate else ""}
 
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from . import length_budget
+from . import length_budget, placement, side_jobs
 from .errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -351,6 +351,16 @@ class Config:
 
     def __init__(self, lab: LabConfig, pipeline: PipelineConfig, profile: str, conf_dir: Path):
         self.lab, self.pipeline, self.profile, self.conf_dir = lab, pipeline, profile, conf_dir
+
+    # The stages and hosts eaglelab adds itself (side_jobs' smoke tests, placement's transfers) are
+    # made through these, so that those modules need not import this one (which imports them).
+    @staticmethod
+    def make_stage(**fields: Any) -> StageConfig:
+        return StageConfig(**fields)
+
+    @staticmethod
+    def make_host(**fields: Any) -> HostConfig:
+        return HostConfig(**fields)
 
     @property
     def hosts(self) -> dict[str, HostConfig]:
@@ -752,8 +762,7 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             for v in value.values() if isinstance(value, dict) else value:
                 render_template(v, variables, _Where(lambda s=s, key=key: f"stage {s.name!r} in "
                                                                           f"{pipe_at('stages', s.name, key)}"))
-    from . import placement, side_jobs  # the transfers this placement needs become stages of their own
-    side_jobs.add_smoke_stages(cfg)
+    side_jobs.add_smoke_stages(cfg)  # the smoke tests and the transfers this placement needs: stages of their own
     placement.add_transfer_stages(cfg)
     cfg.stage_order()  # refuses cycles now, not at launch
     for s in pipe.stages.values():

@@ -13,9 +13,11 @@ Every shape allows keys it does not declare: the contracts add fields, never cha
 """
 
 
+import dataclasses
 import functools
 import signal as _signal
 import types
+from dataclasses import dataclass, field, fields
 from enum import Enum, StrEnum
 from typing import Any, NamedTuple, Required, TypedDict, Union, get_args, get_origin, get_type_hints
 
@@ -32,6 +34,22 @@ class RunState(StrEnum):
     @property
     def active(self) -> bool:
         return self in ACTIVE
+
+
+class StageState(StrEnum):
+    """What a stage shows (`lab status`, the page, /metrics): its latest run's state, or one the
+    status adds — stalled (its log stopped moving), unreachable (its host does not answer), gated
+    (a gate kept it from running), smoke_failed (its smoke test failed before it ran)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    KILLED = "killed"
+    STALLED = "stalled"
+    UNREACHABLE = "unreachable"
+    GATED = "gated"
+    SMOKE_FAILED = "smoke_failed"
 
 
 ACTIVE = frozenset({RunState.PENDING, RunState.RUNNING})
@@ -77,32 +95,53 @@ class Exit(TypedDict, total=False):
     recorded_by: str | None   # who wrote it when jobwrap could not (`lab stop`, a report)
 
 
-class RunRecord(TypedDict, total=False):
+@dataclass(frozen=True)
+class Run:
     """One run as the controller knows it: hostside.read_run's answer, a registry row, a run of
-    `lab status --json`. `log_state` is the state JSON (docs/interfaces.md), combined with the exit."""
+    `lab status --json`. THE field list of a run: RUN_FIELDS, the registry's columns and the
+    check at the controller's boundary are derived from it. `log_state` is the state JSON
+    (docs/interfaces.md), combined with the exit; keys a record carries beyond these travel in
+    `extra` (a newer host's, or a report's own: heartbeat_at, command ...), so nothing is lost."""
 
-    id: Required[str]
-    stage: Required[str]
-    host: Required[str]
-    state: Required[RunState]
-    profile: str | None
-    fingerprint: str | None
-    kind: str
-    run_dir: str | None
-    pid: int | None
-    pgid: int | None
-    exit_code: int | None
-    signal: int | None
-    started_at: str | None
-    ended_at: str | None
-    duration_s: float | None
-    lost: bool       # the wrapper vanished and nothing of the stage lives: its end is unknown
-    orphaned: bool   # the wrapper vanished but the stage lives on (running, unsupervised)
-    orphans: bool    # processes of the stage's group outlived its end
-    end_unknown: str | None  # exit.json there but unreadable: ended, how unknown (never rerun unasked)
-    log_state: dict[str, Any] | None
-    log_size: int | None
-    slurm: dict[str, Any] | None
+    id: str
+    stage: str
+    host: str
+    state: RunState
+    profile: str | None = None
+    fingerprint: str | None = None
+    kind: str | None = None
+    run_dir: str | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    duration_s: float | None = None
+    lost: bool = False       # the wrapper vanished and nothing of the stage lives: its end is unknown
+    orphaned: bool = False   # the wrapper vanished but the stage lives on (running, unsupervised)
+    orphans: bool = False    # processes of the stage's group outlived its end
+    end_unknown: str | None = None  # exit.json there but unreadable: ended, how unknown (never rerun unasked)
+    stop_requested: bool = False    # `lab stop` asked for its end ("(stop requested)" beside it)
+    log_state: dict[str, Any] | None = None
+    log_size: int | None = None
+    slurm: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Run":
+        """A run from its JSON object (checked first: `check(Run, data, where)` names what is wrong)."""
+        known = {k: data[k] for k in RUN_FIELDS if k in data}
+        known["state"] = RunState(known["state"])
+        return cls(**known, extra={k: v for k, v in data.items() if k not in _RUN_FIELD_SET})
+
+    def to_json(self) -> dict:
+        """The JSON object: every field, then the extra keys (never overriding a field)."""
+        return {**{k: getattr(self, k) for k in RUN_FIELDS},
+                **{k: v for k, v in self.extra.items() if k not in _RUN_FIELD_SET}}
+
+
+RunRecord = Run  # the name the boundary checks used (check(RunRecord, ...)): the same one shape
 
 
 class HostReport(TypedDict, total=False):
@@ -118,8 +157,9 @@ class HostReport(TypedDict, total=False):
     runs_dir: str | None  # the folder of run directories read (a live run the report lacks is missing)
 
 
-# The run record's fields, in one place: the registry's columns and `lab status --json` use them.
-RUN_FIELDS: tuple[str, ...] = tuple(get_type_hints(RunRecord))
+# The run record's fields, in one place (Run): the registry's columns and `lab status --json` use them.
+RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Run) if f.name != "extra")
+_RUN_FIELD_SET = frozenset(RUN_FIELDS)
 
 
 class BadRecord(ValueError):
@@ -158,7 +198,16 @@ def _type_name(tp: Any) -> str:
 
 @functools.cache
 def _hints(shape: type) -> dict[str, Any]:
-    return get_type_hints(shape)  # resolved once per shape: a host's report checks ~50 records
+    hints = get_type_hints(shape)  # resolved once per shape: a host's report checks ~50 records
+    return {k: v for k, v in hints.items() if k != "extra"} if dataclasses.is_dataclass(shape) else hints
+
+
+@functools.cache
+def _required(shape: type) -> tuple[str, ...]:
+    if dataclasses.is_dataclass(shape):  # a field without a default must be there
+        return tuple(f.name for f in fields(shape)
+                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    return tuple(shape.__required_keys__)
 
 
 def check(shape: type, data: Any, where: str) -> dict:
@@ -166,7 +215,7 @@ def check(shape: type, data: Any, where: str) -> dict:
     declared types; other keys allowed), else BadRecord naming `where`, the key and what is wrong."""
     if not isinstance(data, dict):
         raise BadRecord(f"{where}: expected a JSON object ({shape.__name__}), got {type(data).__name__}")
-    missing = [k for k in shape.__required_keys__ if k not in data]
+    missing = [k for k in _required(shape) if k not in data]
     if missing:
         raise BadRecord(f"{where}: missing {', '.join(missing)} ({shape.__name__})")
     for key, tp in _hints(shape).items():

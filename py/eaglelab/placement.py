@@ -103,12 +103,11 @@ def upstream_of(cfg, name: str) -> list[str]:
 
 def controller_host(cfg) -> str:
     """The lab's `reach: local` host (this machine), else a `controller` host made for transfers."""
-    from .config import HostConfig
     local = next((n for n, h in cfg.hosts.items() if h.reach == "local"), None)
     if local:
         return local
     if CONTROLLER not in cfg.hosts:
-        h = HostConfig(reach="local", work_dir=str(cfg.logs_dir / "controller"))
+        h = cfg.make_host(reach="local", work_dir=str(cfg.logs_dir / "controller"))
         h.name = CONTROLLER
         h._logs_dir = str(cfg.logs_dir)
         cfg.hosts[CONTROLLER] = h
@@ -117,7 +116,6 @@ def controller_host(cfg) -> str:
 
 def add_transfer_stages(cfg) -> list[Transfer]:
     """Put a transfer stage between each producer and its readers on other hosts (in place)."""
-    from .config import StageConfig
     transfers = needed(cfg)
     if not transfers:
         return []
@@ -126,7 +124,7 @@ def add_transfer_stages(cfg) -> list[Transfer]:
         if t.name in cfg.stages:
             raise ConfigError(f"{cfg.conf_dir / 'pipeline.yaml'}: stage name {t.name!r} is taken by eaglelab's "
                               f"transfer of {t.producer}'s outputs to {t.dst}; rename that stage")
-        stage = StageConfig(
+        stage = cfg.make_stage(
             host=host, depends_on=[t.producer],
             command=["${python}", "-m", "eaglelab.control.transfer", "--conf", str(cfg.conf_dir),
                      "--profile", cfg.profile, "--stage", t.name],

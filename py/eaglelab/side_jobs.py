@@ -13,6 +13,7 @@ eaglelab.control.side_runs starts and follows them.
 from __future__ import annotations
 
 from .errors import ConfigError
+from .placement import shared
 
 SMOKE_PREFIX = "smoke-"
 SERVICE_SMOKE_STOP_S = 45.0  # more time `lab stop` gives a service's smoke: it stops its own server first
@@ -24,9 +25,6 @@ def smoke_name(stage: str) -> str:
 
 def add_smoke_stages(cfg) -> list[str]:
     """Add `smoke-S` for every stage S with `smoke:` (in place); their names."""
-    from .config import DuringConfig, PriorConfig, StageConfig
-    from .placement import shared
-
     added = []
     for name, s in list(cfg.stages.items()):
         if s.smoke is None:
@@ -39,15 +37,15 @@ def add_smoke_stages(cfg) -> list[str]:
         # The first outputs are on the upstream's host: the smoke runs where it can read them.
         here, there = cfg.host(s.host), cfg.host(upstream.host)
         host = s.host if all(shared(here, there, o) for o in upstream.outputs) else upstream.host
-        st = StageConfig(
+        st = cfg.make_stage(
             # gpus=0: a smoke never stops the running stage's service for its GPUs (a profile whose GPUs
             # are all held then gives the smoke `--device cpu` in its args)
             host=host, command=[*s.command, *s.smoke.args], env={**s.env, **s.smoke.env}, gpus=0,
             # a first-run ETA of its own (a smoke is short; it runs beside, so it never moves the pipeline's)
-            prior=PriorConfig(unit="items", expected=1, per_s=1, fixed_s=60),
+            prior={"unit": "items", "expected": 1, "per_s": 1, "fixed_s": 60},
             # a service's smoke stops the server it started before it exits (serve_smoke: TERM, 30 s, KILL)
             stop_grace_s=s.stop_grace_s + (SERVICE_SMOKE_STOP_S if s.kind == "service" else 0),
-            during=DuringConfig(stage=s.smoke.during, after=s.smoke.after, late=False),
+            during={"stage": s.smoke.during, "after": s.smoke.after, "late": False},
             description=f"smoke test of {name}: its command + {' '.join(s.smoke.args)}, on {s.smoke.during}'s "
                         f"first outputs while {s.smoke.during} runs")
         st.name = smoke

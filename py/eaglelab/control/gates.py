@@ -19,6 +19,7 @@ import time
 from typing import TextIO
 
 from eaglelab.fsutil import utcnow_iso
+from eaglelab.model import StageState
 
 from . import forecast
 
@@ -102,7 +103,7 @@ def blocked(lab, stage: str, out: TextIO | None) -> dict | None:
     if not why:
         return None
     notify(lab, stage, why, None, out)
-    return {"stage": stage, "state": "gated", "id": None, "gate": why}
+    return {"stage": stage, "state": StageState.GATED, "id": None, "gate": why}
 
 
 class Watch:

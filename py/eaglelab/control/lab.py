@@ -23,7 +23,8 @@ from eaglelab.config import Config, StageConfig
 from eaglelab.control.registry import Registry
 from eaglelab.errors import EaglelabError, HostError, StageError
 from eaglelab.fsutil import parse_iso
-from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, check, exit_text
+from eaglelab.host.settle import at_launch
+from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, StageState, check, exit_text
 
 from . import preflight, services, stage_code
 from .executors import Executor, HostUnreachable, for_host
@@ -268,7 +269,7 @@ class Lab:
             check(Meta, meta, f"host {spec['host']}: the launch of {spec['stage']} answered")
         except BadRecord as e:  # a malformed answer is an error, not a KeyError far away
             raise HostError(f"{e}; the run may exist on the host: `lab status` shows it once it reports") from None
-        rec = {**meta, "id": meta["run_id"], "state": "running" if meta.get("started_at") else "pending",
+        rec = {**meta, "id": meta["run_id"], "state": at_launch(meta),
                "run_dir": str(Path(self.executor(spec["host"]).work_dir) / "runs" / meta["run_id"])}
         self.registry.upsert(rec)
         return self.registry.get(rec["id"]) or rec
@@ -443,15 +444,15 @@ class Lab:
             for i, name in enumerate(jobs):
                 gated = gates.blocked(self, name, out)  # its gate fails already: it does not start
                 if gated:
-                    result.ran.append({"stage": name, "run": None, "state": "gated"})
+                    result.ran.append({"stage": name, "run": None, "state": StageState.GATED})
                     result.failed = gated
                     break
                 side.poll(force=True)  # a pilot beside a stage that had finished already starts now
                 smoked = side.before(name)  # its smoke test failed: hours of it would fail the same way
                 if smoked:
                     print(f"lab: not starting {name}: " + "; ".join(smoked), file=out)
-                    result.ran.append({"stage": name, "run": None, "state": "smoke_failed"})
-                    result.failed = {"stage": name, "state": "smoke_failed", "id": None, "smoke": smoked}
+                    result.ran.append({"stage": name, "run": None, "state": StageState.SMOKE_FAILED})
+                    result.failed = {"stage": name, "state": StageState.SMOKE_FAILED, "id": None, "smoke": smoked}
                     break
                 try:
                     rec = self.run(name, force=force, wait=True, follow=follow, reap=False)

@@ -31,7 +31,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from eaglelab.figures import human_duration as _human
-from eaglelab.model import ACTIVE, how_it_ended
+from eaglelab.host.settle import is_failure
+from eaglelab.model import ACTIVE, RunState, how_it_ended
 from eaglelab.side_jobs import SMOKE_PREFIX  # smoke-<stage>: the next stage's smoke test (a side job)
 
 EVENTS = ("completed", "failed", "stalled", "pipeline_finished", "gate_failed")
@@ -64,13 +65,10 @@ def events_for(before: dict | None, now: dict) -> list[str]:
         return []
     was, is_ = before.get("state"), now.get("state")
     events = []
-    if was in ACTIVE and is_ == "completed":
+    if was in ACTIVE and is_ == RunState.COMPLETED:
         events.append("completed")
-    elif was in ACTIVE and is_ == "failed":
+    elif was in ACTIVE and is_failure(now):  # failed, or lost: as eaglelab.host.settle decided it
         events.append("failed")
-    elif was in ACTIVE and is_ == "killed" and now.get("lost") and not now.get("stop_requested"):
-        events.append("failed")  # the wrapper vanished: its end is unknown, a failure until shown otherwise
-    # any other `killed` was a stop (lab stop, TERM/INT): decided by eaglelab.model.decide_end
     was_stalled = ((before.get("log_state") or {}).get("state") == "stalled")
     if is_ in ACTIVE and (now.get("log_state") or {}).get("state") == "stalled" and not was_stalled:
         events.append("stalled")

@@ -14,29 +14,42 @@ import re
 import sqlite3
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from eaglelab.errors import RegistryError
 from eaglelab.fsutil import utcnow_iso
-from eaglelab.model import ACTIVE, FINAL, RUN_FIELDS, RunState
+from eaglelab.host.settle import state_of, vanished
+from eaglelab.model import ACTIVE, FINAL, RUN_FIELDS, Run, RunState
 
-STATES = tuple(RunState)
-# the run record's fields (eaglelab.model.RunRecord), when written, and as of when (see supersedes)
+# the run record's fields (eaglelab.model.Run), when written, and as of when (see supersedes)
 COLUMNS = (*RUN_FIELDS, "updated_at", "as_of")
 
-# columns added after the first release: (name, declaration) for ALTER TABLE on older registries
-ADDED_COLUMNS = {"orphans": "INTEGER DEFAULT 0", "log_size": "INTEGER", "slurm": "TEXT",
-                 "orphaned": "INTEGER DEFAULT 0", "end_unknown": "TEXT", "as_of": "REAL"}
 
-SCHEMA = """
+def _column_type(tp: Any) -> str:
+    """A run field's SQLite declaration, from its type in eaglelab.model.Run."""
+    args = [a for a in get_args(tp) if a is not type(None)] or [tp]
+    base = get_origin(args[0]) or args[0]
+    if base is bool:
+        return "INTEGER DEFAULT 0"
+    return {int: "INTEGER", float: "REAL"}.get(base, "TEXT")  # str, RunState; dict as JSON text
+
+
+_HINTS = get_type_hints(Run)
+_KEYS = {"id": "TEXT PRIMARY KEY", "stage": "TEXT NOT NULL", "host": "TEXT NOT NULL", "state": "TEXT NOT NULL"}
+RUN_COLUMNS = {c: _KEYS.get(c) or _column_type(_HINTS[c]) for c in RUN_FIELDS} | {"updated_at": "TEXT", "as_of": "REAL"}
+# columns that a registry made by an older release may lack: every one but the keys (ALTER TABLE adds them)
+ADDED_COLUMNS = {c: decl for c, decl in RUN_COLUMNS.items() if c not in _KEYS}
+JSON_COLUMNS = tuple(c for c in RUN_FIELDS if (get_origin(_HINTS[c]) in (Union, types.UnionType)
+                                                and any(get_origin(a) is dict for a in get_args(_HINTS[c]))))
+BOOL_COLUMNS = tuple(c for c in RUN_FIELDS if _HINTS[c] is bool)
+
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (
-  id TEXT PRIMARY KEY, stage TEXT NOT NULL, host TEXT NOT NULL, profile TEXT, fingerprint TEXT,
-  kind TEXT, state TEXT NOT NULL, exit_code INTEGER, signal INTEGER, started_at TEXT, ended_at TEXT,
-  duration_s REAL, run_dir TEXT, pid INTEGER, pgid INTEGER, lost INTEGER DEFAULT 0,
-  log_state TEXT, updated_at TEXT, orphans INTEGER DEFAULT 0, log_size INTEGER, slurm TEXT,
-  orphaned INTEGER DEFAULT 0, end_unknown TEXT, as_of REAL
+  {", ".join(f"{c} {decl}" for c, decl in RUN_COLUMNS.items())}
 );
 CREATE INDEX IF NOT EXISTS runs_stage ON runs(stage, started_at);
 CREATE TABLE IF NOT EXISTS hosts (
@@ -145,15 +158,10 @@ class Registry:
         for r in runs:
             row = {c: r.get(c) for c in COLUMNS}
             row["id"] = r.get("id") or r.get("run_id")
-            row["lost"] = int(bool(r.get("lost")))
-            row["orphans"] = int(bool(r.get("orphans")))  # processes of the stage's group outlived it
-            row["orphaned"] = int(bool(r.get("orphaned")))  # the wrapper died, the stage lives on
-            row["log_state"] = r.get("log_state")  # JSON text when written (below)
-            row["slurm"] = r.get("slurm")  # job id, queue, nodes
+            row.update({c: int(bool(r.get(c))) for c in BOOL_COLUMNS})  # lost, orphaned, stop_requested ...
             row["updated_at"] = now
             row["as_of"] = as_of
-            if row["state"] not in STATES:
-                row["state"] = "killed" if row["state"] is None and row["ended_at"] else (row["state"] or "pending")
+            row["state"] = state_of(row)  # the host's answer; settle's for a row that carries none
             rows.append((r, row))
         cols = ", ".join(COLUMNS)
         marks = ", ".join(f":{c}" for c in COLUMNS)
@@ -261,13 +269,7 @@ class Registry:
         """End runs the host confirmed it no longer has (missing_from, asked twice): `killed`, `lost`,
         the reason in `end_unknown` (so it is not run again unasked: `lab run STAGE --force`)."""
         now = utcnow_iso()
-        rows = []
-        for row, why in missing:
-            ls = row.get("log_state")
-            rows.append({**row, "state": RunState.KILLED.value, "lost": True, "orphaned": False, "ended_at": now,
-                         "end_unknown": f"host {host} no longer reports it: {why}",
-                         "log_state": {**ls, "state": RunState.KILLED.value, "stall": None, "lost": True}
-                         if isinstance(ls, dict) else ls})
+        rows = [vanished(row, f"host {host} no longer reports it: {why}", now) for row, why in missing]
         if rows:
             self.upsert_many(rows)
 
@@ -287,7 +289,7 @@ class Registry:
         rows = []
         for r in runs:
             ls = r.get("log_state") or {}
-            if r.get("state") != "completed":
+            if r.get("state") != RunState.COMPLETED:
                 continue
             for p in ls.get("phases") or []:
                 if p.get("duration_s") is None or not p.get("name"):
@@ -365,7 +367,7 @@ def _same_end(stored: dict | None, row: dict) -> bool:
 
 
 def _encoded(row: dict) -> dict:
-    return {**row, **{c: json.dumps(row[c]) if row[c] is not None else None for c in ("log_state", "slurm")}}
+    return {**row, **{c: json.dumps(row[c]) if row[c] is not None else None for c in JSON_COLUMNS}}
 
 
 def _restarts(run: dict) -> int:
@@ -434,10 +436,7 @@ def _retry_locked(fn, attempts: int = 100, pause_s: float = 0.1):
 
 def _row(row: sqlite3.Row) -> dict:
     d = dict(row)
-    d["lost"] = bool(d.get("lost"))
-    d["orphans"] = bool(d.get("orphans"))
-    d["orphaned"] = bool(d.get("orphaned"))
-    d["log_state"] = json.loads(d["log_state"]) if d.get("log_state") else None
-    d["slurm"] = json.loads(d["slurm"]) if d.get("slurm") else None
+    d.update({c: bool(d.get(c)) for c in BOOL_COLUMNS})
+    d.update({c: json.loads(d[c]) if d.get(c) else None for c in JSON_COLUMNS})
     return d
 

@@ -7,6 +7,7 @@ import time
 
 from eaglelab import model
 from eaglelab.fsutil import utcnow_iso
+from eaglelab.model import ACTIVE, RunState, StageState
 
 from .lab import Lab
 
@@ -37,7 +38,7 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
     for r in lab.registry.runs():
         run = {k: r.get(k) for k in RUN_FIELDS}
         ls = run.get("log_state") or {}
-        if run["state"] == "running" and ls.get("state") == "stalled":
+        if run["state"] == RunState.RUNNING and ls.get("state") == StageState.STALLED:
             run["stalled"] = True
         run["host_unreachable"] = run["host"] in unreachable
         if run.get("slurm") is None:
@@ -47,11 +48,11 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
     for name in lab.cfg.stage_order():
         s = lab.cfg.stage(name)
         latest = next((r for r in reversed(runs) if r["stage"] == name), None)
-        state = latest["state"] if latest else "pending"
+        state = StageState(latest["state"]) if latest else StageState.PENDING
         if latest and latest.get("stalled"):
-            state = "stalled"
-        if latest and latest["host_unreachable"] and state in ("running", "pending"):
-            state = "unreachable"
+            state = StageState.STALLED
+        if latest and latest["host_unreachable"] and state in ACTIVE:
+            state = StageState.UNREACHABLE
         stages.append({"name": name, "host": s.host, "kind": s.kind, "depends_on": s.depends_on, "needs": s.needs,
                        "description": s.description, "latest_run": latest["id"] if latest else None, "state": state})
     from .services import usage
@@ -72,7 +73,7 @@ def side_jobs_view(lab: Lab, runs: list[dict]) -> list[dict]:
     for name in side_jobs.side_jobs(lab.cfg):
         s = lab.cfg.stage(name)
         latest = next((r for r in reversed(runs) if r["stage"] == name), None)
-        state = (latest or {}).get("state") or "pending"
+        state = (latest or {}).get("state") or StageState.PENDING
         try:  # a failure under an earlier config says nothing of the next run (no host asked: no inputs)
             current = bool(latest) and latest.get("fingerprint") == lab.fingerprint(s)
         except Exception:  # noqa: BLE001 - the view never breaks `lab status`
@@ -80,7 +81,7 @@ def side_jobs_view(lab: Lab, runs: list[dict]) -> list[dict]:
         out.append({"current_config": current, "stage": name, "beside": s.during.stage, "after": side_jobs.after_units(lab.cfg, s),
                     "smoke_of": s.smoke_of, "state": state, "run": (latest or {}).get("id"),
                     "ended_at": (latest or {}).get("ended_at"),
-                    "reason": failure_of(latest) if latest and state in ("failed", "killed", "lost") else None,
+                    "reason": failure_of(latest) if latest and state in (RunState.FAILED, RunState.KILLED) else None,
                     **({"engine": engine_figures(latest)} if name == "engine_check" and latest else {})})
     return out
 

@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 
 from eaglelab.fsutil import UntrustedFolder, atomic_write_json, parse_iso, read_json, trusted_folder, utcnow_iso
-from eaglelab.model import BadRecord, Exit, Meta, check, decide_end, signal_text
+from eaglelab.model import ACTIVE, FINAL, BadRecord, Exit, Meta, check, decide_end, signal_text
 
 from . import hostfacts, machine, sizes
 from .jobwrap import group_alive
 from .machine import free_disk, gpus, inputs_digest, mark_gpu_holders
+from .settle import Liveness, SlurmWord, settle
 from .tail.run import RunFollower, run_state
 
 SPAWN_GRACE_S = 10.0  # between the spawn and spawned.json; after that, the spawned process must live
@@ -153,8 +154,9 @@ def run_processes(pgid: int | None, run_dir: Path) -> list[int]:
     return found
 
 
-def read_run(run_dir: Path, now: float | None = None) -> dict:
-    """One run's record from its directory (see docs/interfaces.md for the state rules)."""
+def read_run(run_dir: Path, now: float | None = None, slurm: SlurmWord | None = None) -> dict:
+    """One run's record from its directory: the facts gathered here, the state decided by
+    eaglelab.host.settle (docs/operations.md has the table). slurm: Slurm's word on its job."""
     now = now or time.time()
     _ours(run_dir)
     meta = _checked(run_dir / "meta.json", Meta)
@@ -166,49 +168,42 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
         end_unknown = None
     except BadRecord as e:  # jobwrap writes it atomically: unreadable means damage, not half-written
         exit_info, end_unknown = None, str(e)
+    stop_requested = (run_dir / "stop_requested").exists()
     rec = {
         "id": meta.get("run_id", run_dir.name), "stage": meta.get("stage"), "host": meta.get("host"),
         "profile": meta.get("profile"), "fingerprint": meta.get("fingerprint"), "kind": meta.get("kind", "job"),
         "run_dir": str(run_dir), "pid": meta.get("pid"), "pgid": meta.get("pgid"),
         "jobwrap_pid": meta.get("jobwrap_pid"), "command": meta.get("command"),
-        "started_at": meta.get("started_at"), "ended_at": None, "exit_code": None, "signal": None,
-        "heartbeat_at": None, "lost": False, "stop_requested": (run_dir / "stop_requested").exists(),
+        "started_at": meta.get("started_at"), "heartbeat_at": None, "stop_requested": stop_requested,
     }
     try:
         rec["heartbeat_at"] = utcnow_iso((run_dir / "heartbeat").stat().st_mtime)
     except OSError:
         pass
-    if not _alive(meta.get("jobwrap_pid"), run_dir):
-        if end_unknown is not None:
-            # the run ended, how is unknown: failed with that said, never rerun without a person's word
-            rec.update(state="failed", end_unknown=end_unknown, ended_at=_last_sign_of_life(run_dir, meta))
-        elif exit_info is None:
-            exit_info = _checked(run_dir / "exit.json", Exit)  # it may have ended between the reads
-            if exit_info is None:
-                rec.update(_without_wrapper(run_dir, meta, now))
-                if rec.get("lost"):  # nobody saw the end: what the stage left may still say it
-                    exit_info = _settle_unrecorded(run_dir, meta, rec)
-    if exit_info is not None:
-        rec.update(state=exit_info.get("state"), exit_code=exit_info.get("exit_code"),
-                   signal=exit_info.get("signal"), ended_at=exit_info.get("ended_at"),
-                   orphans=exit_info.get("orphans", False))
-    elif "state" not in rec:
-        rec["state"] = "running"
+    live = Liveness(wrapper_alive=_alive(meta.get("jobwrap_pid"), run_dir), stop_requested=stop_requested)
+    if not live.wrapper_alive and exit_info is None and end_unknown is None:
+        exit_info = _checked(run_dir / "exit.json", Exit)  # it may have ended between the reads
+    if not live.wrapper_alive and exit_info is None:
+        live = _without_wrapper(run_dir, meta, live, end_unknown, now)
+    # Settled once without the log, to know what the log needs: a lost run's log read to its end
+    # (the wrapper's tailer died with it), an orphan's followed (nothing else follows it).
+    first = settle(meta, exit_info, None, live, slurm)
+    if first.lost:  # nobody saw the end: the outputs the stage left may prove it
+        exit_info = _record_proven_end(run_dir, meta, live) or exit_info
+    if (first.state in FINAL and exit_info is None and not first.end_unknown
+            or exit_info is not None and exit_info.get("outputs_done")):
+        _finish_log_once(run_dir)
+    elif first.orphaned:
+        follow_orphan(run_dir)
+    ls = run_state(run_dir)
+    settled = settle(meta, exit_info, ls, live, slurm)
+    rec.update(settled.fields())
     start, end = parse_iso(rec["started_at"]), parse_iso(rec["ended_at"])
     measured = exit_info.get("duration_s") if exit_info else None
     if isinstance(measured, (int, float)) and measured >= 0:
         rec["duration_s"] = round(float(measured), 3)  # jobwrap's monotonic measure
     else:  # wall clock; never negative after a step back
         rec["duration_s"] = round(max((end or now) - start, 0.0), 3) if start else None
-    # the tailer's state.json combined with the exit (a SIGKILL is host_oom_killed, exit 0 completed)
-    if rec.get("lost") or exit_info is not None and exit_info.get("outputs_done"):
-        _finish_log_once(run_dir)  # the wrapper's tailer died with it: read the log to its end, once
-    elif rec.get("orphaned"):
-        follow_orphan(run_dir)  # nor does anything else follow its log: a follower of its own
-    ls = run_state(run_dir)
-    rec["log_state"] = ls if isinstance(ls, dict) else None  # a state.json of the wrong shape: none
-    if rec.get("lost") and rec["log_state"]:
-        _settle_lost(rec)
     try:
         rec["log_size"] = (run_dir / "output.log").stat().st_size
     except OSError:
@@ -216,20 +211,15 @@ def read_run(run_dir: Path, now: float | None = None) -> dict:
     return rec
 
 
-def _without_wrapper(run_dir: Path, meta: dict, now: float) -> dict:
-    """The state of a run whose jobwrap is not (or no longer) there and that recorded no end."""
+def _without_wrapper(run_dir: Path, meta: dict, live: Liveness, end_unknown: str | None, now: float) -> Liveness:
+    """What lives of a run whose jobwrap is not (or no longer) there and that recorded no end."""
     launched = parse_iso(meta.get("launched_at")) or 0
     spawned = read_json(run_dir / "spawned.json")
     spawned_pid = spawned.get("pid") if isinstance(spawned, dict) else None
-    if not meta.get("started_at") and (_alive(spawned_pid, run_dir) or now - launched < SPAWN_GRACE_S):
-        return {"state": "pending"}  # jobwrap is still starting, however slowly
-    if run_processes(meta.get("pgid"), run_dir):
-        # the wrapper died (kill -9, OOM) but the stage lives on, unsupervised: still running,
-        # never launched again while alive, stoppable (stop() records its end)
-        return {"state": "running", "orphaned": True}
-    # wrapper and stage gone, the end unrecorded: it ended at its last sign of life, so its
-    # duration stops growing (the heartbeat, else the log's last write)
-    return {"state": "killed", "lost": True, "ended_at": _last_sign_of_life(run_dir, meta)}
+    spawning = not meta.get("started_at") and (_alive(spawned_pid, run_dir) or now - launched < SPAWN_GRACE_S)
+    stage_alive = not spawning and end_unknown is None and bool(run_processes(meta.get("pgid"), run_dir))
+    return live._replace(spawning=spawning, stage_alive=stage_alive, end_unknown=end_unknown,
+                   last_sign_of_life=_last_sign_of_life(run_dir, meta))
 
 
 def outputs_done(run_dir: Path, meta: dict) -> str | None:
@@ -260,25 +250,24 @@ def outputs_done(run_dir: Path, meta: dict) -> str | None:
     return f"every output carries a sound manifest of this run: {', '.join(dict.fromkeys(seen))}"
 
 
-def _settle_unrecorded(run_dir: Path, meta: dict, rec: dict) -> dict | None:
-    """A lost run (wrapper and stage gone, no exit.json): when its outputs prove that the stage
-    finished (outputs_done), the end is decided by the one rule (decide_end) and recorded in
-    exit.json in the wrapper's place, so that it stays decided (a later run rewriting the outputs
-    changes nothing). The exit record, or None (the log may still tell: _settle_lost)."""
+def _record_proven_end(run_dir: Path, meta: dict, live: Liveness) -> dict | None:
+    """A lost run (wrapper and stage gone, no exit.json) whose outputs prove that the stage finished
+    (outputs_done): its end, by the one rule (decide_end), recorded in exit.json in the wrapper's
+    place so that it stays decided (a later run rewriting the outputs changes nothing). The exit
+    record, or None (then its log may still tell: settle adopts it)."""
     evidence = outputs_done(run_dir, meta)
     if evidence is None:
         return None
     ending = decide_end(None, None, outputs_done=True)
     record = {"schema": 1, "exit_code": None, "signal": None, "signal_name": None,
-              "ended_at": rec.get("ended_at") or _last_sign_of_life(run_dir, meta), "state": ending.state.value,
-              "stop_requested": rec.get("stop_requested", False), "orphans": False, "outputs_done": evidence,
+              "ended_at": live.last_sign_of_life, "state": ending.state.value,
+              "stop_requested": live.stop_requested, "orphans": False, "outputs_done": evidence,
               "recorded_by": "a report (the wrapper was gone; the outputs' manifests say the stage finished)"}
     try:
         if not (run_dir / "exit.json").exists():
             atomic_write_json(run_dir / "exit.json", record)
     except OSError:
         pass  # a read-only or full disk: decided the same way on every read
-    rec.update(lost=False)
     return _checked(run_dir / "exit.json", Exit) or record
 
 
@@ -303,23 +292,6 @@ def follow_orphan(run_dir: Path) -> None:
                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
     except OSError:
         pass  # the state stays where the wrapper left it; the end is still read in full (lost)
-
-
-def _settle_lost(rec: dict) -> None:
-    """A lost run, corrected by its log: adopted when the log says how the stage ended (its end
-    marker, or a failure it did not survive); else its log state ends too, not "running" forever."""
-    ls = rec["log_state"]
-    if ls.get("state") in ("completed", "failed"):
-        rec.update(state=ls["state"], lost=False, adopted=True)
-    elif ls.get("state") in ("running", "stalled"):
-        # A silent death: the process is gone and the log just stops, no exit line, no exit
-        # status. Said as such, with the last line it wrote (what it was doing when it died).
-        last = ls.get("last_line")
-        rec["log_state"] = {**ls, "state": "killed", "stall": None, "lost": True,
-                            "failure": ls.get("failure") or {
-                                "reason": "lost", "line": ls.get("last_line_no"), "process": None,
-                                "message": "the process is gone and its log ends with no exit line"
-                                           + (f"; last line: {last}" if last else "; the log is empty")}}
 
 
 def write_env_file(path: Path, env: dict) -> None:
@@ -407,7 +379,7 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
     """TERM the stage's process group, KILL it after grace_s; return the run as it ended."""
     run_dir = _run_dir(work_dir, run_id)
     rec = read_run(run_dir)
-    if rec["state"] not in ("running", "pending"):
+    if rec["state"] not in ACTIVE:
         return rec
     (run_dir / "stop_requested").write_text(utcnow_iso() + "\n")
     pgid = rec.get("pgid")

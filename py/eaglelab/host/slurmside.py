@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -29,38 +28,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from eaglelab.fsutil import UntrustedFolder, atomic_write_json, parse_iso, read_json, trusted_folder, utcnow_iso
-from eaglelab.model import BadRecord
+from eaglelab.model import BadRecord, RunState
 
-from . import hostside, machine
+from . import hostside, machine, settle
+from .settle import ACTIVE_STATES, END_STATES, OOM_TEXT, Liveness, SlurmWord
 
 SLURM_TIMEOUT_S = 30
 MASTER_PORT_BASE = 29500
 HEARTBEAT_STALE_S = 30.0
 
-# Slurm's end state -> (our run state, failure reason or None). The one table; tests/test_slurm_states.py
-# checks every row (the live cluster, tests/test_slurm_lab.py, those it can produce). COMPLETED and FAILED defer to jobwrap's exit.json when there is one.
-END_STATES: dict[str, tuple[str, str | None]] = {
-    "COMPLETED": ("completed", None),
-    "FAILED": ("failed", None),
-    "OUT_OF_MEMORY": ("failed", "host_oom_killed"),
-    "TIMEOUT": ("failed", "time_limit"),  # the job ran past its time limit (slurmstepd: DUE TO TIME LIMIT)
-    "DEADLINE": ("failed", "time_limit"),
-    "NODE_FAIL": ("failed", "node_fail"),
-    "BOOT_FAIL": ("failed", "node_fail"),
-    "PREEMPTED": ("killed", "preempted"),
-    "CANCELLED": ("killed", "cancelled"),
-    "REVOKED": ("killed", "cancelled"),
-    "SPECIAL_EXIT": ("failed", "other"),
-}
-# Slurm states of a job not yet ended -> our run state.
-ACTIVE_STATES: dict[str, str] = {
-    "PENDING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending",
-    "CONFIGURING": "pending", "RESV_DEL_HOLD": "pending", "SUSPENDED": "running", "STOPPED": "running",
-    "RUNNING": "running", "COMPLETING": "running", "SIGNALING": "running", "STAGE_OUT": "running",
-    "RESIZING": "running", "UPDATE_DB": "running", "POWER_UP_NODE": "pending",
-}
-# Without cgroups (jobacct_gather's OverMemoryKill) a job over --mem ends FAILED, and slurmstepd says so here.
-OOM_TEXT = re.compile(rb"exceeded (job )?memory limit|oom[-_ ]kill", re.I)
+# Slurm's states and what they mean for a run: eaglelab.host.settle (the one place a run's state is decided).
 ATTEMPT_FILES = ("output.log", "state.json", "exit.json", "heartbeat", "jobwrap.log", "slurm_alloc.json")
 
 
@@ -139,7 +116,7 @@ def submit(work_dir: str, spec: dict, opts: dict) -> dict:
         out = slurm(*argv)
     except SlurmCommandError as e:
         atomic_write_json(run_dir / "exit.json", {"schema": 1, "exit_code": None, "signal": None, "signal_name": None,
-                                                  "ended_at": utcnow_iso(), "state": "failed", "error": str(e)})
+                                                  "ended_at": utcnow_iso(), "state": RunState.FAILED, "error": str(e)})
         raise
     job_id = out.strip().split(";")[0]
     info = {"schema": 1, "job_id": job_id, "partition": opts.get("partition"), "submitted_at": utcnow_iso(),
@@ -303,25 +280,49 @@ def ended_job(job_id: str) -> dict | None:
 # -- one run: the run directory and Slurm together ---------------------------------------------
 
 def map_end(slurm_state: str, exit_info: dict | None, stop_requested: bool, slurm_out: bytes) -> tuple[str, str | None]:
-    """(our state, failure reason) for a job Slurm says has ended. jobwrap's exit.json decides a
-    plain COMPLETED/FAILED/CANCELLED; Slurm decides when it ended the job itself."""
-    state, reason = END_STATES.get(slurm_state, ("failed", "other"))
-    if slurm_state == "FAILED" and OOM_TEXT.search(slurm_out or b""):
-        return "failed", "host_oom_killed"
-    if slurm_state in ("COMPLETED", "FAILED", "CANCELLED") and exit_info is not None:
-        state, reason = exit_info.get("state") or state, None
-    if slurm_state == "CANCELLED" and stop_requested:
-        return "killed", None  # `lab stop`: killed on purpose, no failure
-    return state, reason
+    """(our state, failure reason) for a job Slurm says has ended: settle.map_end, slurm.out read for
+    slurmstepd's out-of-memory line."""
+    return settle.map_end(slurm_state, exit_info, stop_requested, bool(OOM_TEXT.search(slurm_out or b"")))
+
+
+def slurm_word(run_dir: Path, sl: dict | None, slurm_error: str | None = None, now: float | None = None) -> SlurmWord:
+    """What Slurm said of the run's job (sl: squeue's or scontrol's answer, or slurm_end.json), with
+    the two facts of the shared work dir that settle weighs beside it: the heartbeat, slurm.out."""
+    now = now or time.time()
+    sl = sl or {}
+    state = sl.get("slurm_state")
+    try:
+        fresh = now - (run_dir / "heartbeat").stat().st_mtime < HEARTBEAT_STALE_S
+    except OSError:
+        fresh = False
+    return SlurmWord(state=state, reason=sl.get("reason"), job_id=(read_json(run_dir / "slurm.json") or {}).get("job_id"),
+                     ended_at=sl.get("ended_at"), error=slurm_error, heartbeat_fresh=fresh,
+                     oom_in_output=state == "FAILED" and bool(OOM_TEXT.search(_read(run_dir / "slurm.out"))))
 
 
 def merge(rec: dict, run_dir: Path, sl: dict | None, slurm_error: str | None = None,
           now: float | None = None) -> dict:
-    """rec (hostside.read_run) corrected by what Slurm says; rec["slurm"] added."""
+    """rec (a run record as hostside.read_run made it, without Slurm) settled again with Slurm's
+    word (eaglelab.host.settle), and its `slurm` block added."""
+    now = now or time.time()
+    exit_info = read_json(run_dir / "exit.json")
+    live = Liveness(wrapper_alive=rec.get("state") == RunState.RUNNING and not rec.get("orphaned"),
+                    spawning=rec.get("state") == RunState.PENDING, stage_alive=bool(rec.get("orphaned")),
+                    end_unknown=rec.get("end_unknown"), stop_requested=bool(rec.get("stop_requested")),
+                    last_sign_of_life=rec.get("ended_at"))
+    settled = settle.settle({"started_at": rec.get("started_at")}, exit_info if isinstance(exit_info, dict) else None,
+                            rec.get("log_state"), live, slurm_word(run_dir, sl, slurm_error, now))
+    rec.update(settled.fields())
+    return add_slurm_block(rec, run_dir, sl, slurm_error, now)
+
+
+def add_slurm_block(rec: dict, run_dir: Path, sl: dict | None, slurm_error: str | None = None,
+                    now: float | None = None) -> dict:
+    """rec["slurm"]: job id, queue, nodes, restarts; the queue time as its own segment, the duration
+    from the start in the allocation. No state is decided here (settle did)."""
     now = now or time.time()
     info = read_json(run_dir / "slurm.json") or {}
     alloc = read_json(run_dir / "slurm_alloc.json") or {}
-    exit_info = read_json(run_dir / "exit.json")
     sl = dict(sl or {})
     block = {"job_id": info.get("job_id"), "partition": sl.get("partition") or info.get("partition"),
              "nodelist": sl.get("nodelist") or alloc.get("nodelist"), "nodes": alloc.get("nodes"),
@@ -331,58 +332,20 @@ def merge(rec: dict, run_dir: Path, sl: dict | None, slurm_error: str | None = N
              "error": slurm_error}
     rec["slurm"] = block
     rec["submitted_at"] = info.get("submitted_at")
-    state = sl.get("slurm_state")
-    beat = parse_iso(rec.get("heartbeat_at"))
-    fresh = beat is not None and now - beat < HEARTBEAT_STALE_S
-    if state in ACTIVE_STATES:
-        ours = ACTIVE_STATES[state]
-        if exit_info is None or ours == "pending":  # requeued: the earlier attempt's exit was moved away
-            rec.update(state=ours, lost=False, ended_at=None, exit_code=None, signal=None)
-            if ours == "pending":
-                rec["duration_s"] = None
-        else:
-            # jobwrap has recorded its end but Slurm has not (COMPLETING): Slurm may yet call it
-            # TIMEOUT, OUT_OF_MEMORY or PREEMPTED, so the run is not over until Slurm says so
-            rec["state"] = "running"
-    elif state in END_STATES or state:
-        ours, reason = map_end(state, exit_info, rec.get("stop_requested", False), _read(run_dir / "slurm.out"))
-        rec.update(state=ours, lost=False)
-        rec["ended_at"] = rec.get("ended_at") or sl.get("ended_at")
-        if reason:
-            _set_failure(rec, reason, f"Slurm: job {info.get('job_id')} ended {state}"
-                                      + (f" ({sl['reason']})" if sl.get("reason") not in (None, "None") else ""))
-    elif exit_info is None:
-        # Slurm did not answer (or forgot the job): the run directory alone, by the heartbeat
-        # (the compute node's processes are not visible from here)
-        if not rec.get("started_at"):
-            rec.update(state="pending", lost=False)
-        elif fresh:
-            rec.update(state="running", lost=False)
-        elif slurm_error:
-            rec.update(state="running", lost=False)  # no word from Slurm: keep it, do not call it lost
-        else:
-            rec.update(state="killed", lost=True)
     # queue time is its own segment: submitted -> started (still growing while pending)
     started = parse_iso(rec.get("started_at"))
     submitted = parse_iso(info.get("submitted_at")) or parse_iso(rec.get("launched_at"))
     block["queued_s"] = None
     if submitted and started:
         block["queued_s"] = round(max(0.0, started - submitted), 3)
-    elif submitted and rec["state"] == "pending":
+    elif submitted and rec["state"] == RunState.PENDING:
         block["queued_s"] = round(now - submitted, 3)
+    if rec["state"] == RunState.PENDING:
+        rec["duration_s"] = None
     end = parse_iso(rec.get("ended_at"))
     if started:
         rec["duration_s"] = round((end or now) - started, 3)
     return rec
-
-
-def _set_failure(rec: dict, reason: str, message: str) -> None:
-    ls = dict(rec.get("log_state") or {"schema": 1})
-    ls["state"] = rec["state"] if rec["state"] in ("completed", "failed") else "failed"
-    prev = ls.get("failure") or {}
-    ls["failure"] = {"reason": reason, "message": message, "line": None,
-                     **({"log_message": prev.get("message")} if prev.get("message") else {})}
-    rec["log_state"] = ls
 
 
 def _read(p: Path, limit: int = 1 << 16) -> bytes:
@@ -394,10 +357,11 @@ def _read(p: Path, limit: int = 1 << 16) -> bytes:
 
 
 def read_run(run_dir: Path, sl: dict | None, slurm_error: str | None = None) -> dict:
-    rec = hostside.read_run(run_dir)
+    now = time.time()
+    rec = hostside.read_run(run_dir, now=now, slurm=slurm_word(run_dir, sl, slurm_error, now))
     meta = read_json(run_dir / "meta.json") or {}
     rec["launched_at"] = meta.get("launched_at")
-    return merge(rec, run_dir, sl, slurm_error)
+    return add_slurm_block(rec, run_dir, sl, slurm_error, now)
 
 
 def report(work_dir: str, stage: str | None = None) -> dict:
@@ -460,7 +424,7 @@ def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:
     if state not in ACTIVE_STATES:
         return report_one(work_dir, run_id)
     (run_dir / "stop_requested").write_text(utcnow_iso() + "\n")
-    if ACTIVE_STATES[state] == "pending":
+    if ACTIVE_STATES[state] is RunState.PENDING:
         slurm("scancel", job_id)
     else:
         slurm("scancel", "--full", "--signal=TERM", job_id)
