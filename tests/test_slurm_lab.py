@@ -125,7 +125,7 @@ def test_over_its_memory_limit_ends_host_oom_killed(slab, cluster):
 def test_over_its_time_limit_ends_timeout(slab, cluster):
     slab.write_stages({"slow": tick(1000, 0.5, time="0:01")})  # one minute
     slab.lab("run", "slow", "--detach")
-    wait_for(lambda: slab.run_of("slow")["state"] == "running", timeout=60)
+    wait_for(lambda: slab.run_of("slow")["state"] == "running", timeout=180)
     run = wait_for(lambda: (r := slab.run_of("slow"))["state"] not in ("pending", "running") and r, timeout=180,
                    interval=2)
     assert run["state"] == "failed" and run["log_state"]["failure"]["reason"] == "time_limit", run
@@ -142,9 +142,9 @@ def test_pending_for_resources_shows_reason_position_and_lab_stop_cancels(slab, 
     pipe = {"holder": {**tick(1000, 0.5), "gpus": 2}, "waiter": {**tick(5, 0.1), "gpus": 1}}
     slab.write_stages(pipe)
     slab.lab("run", "holder", "--detach")
-    wait_for(lambda: slab.run_of("holder")["state"] == "running", timeout=60)
+    wait_for(lambda: slab.run_of("holder")["state"] == "running", timeout=180)
     slab.lab("run", "waiter", "--detach")
-    waiter = wait_for(lambda: (r := slab.run_of("waiter"))["slurm"]["reason"] == "Resources" and r, timeout=60)
+    waiter = wait_for(lambda: (r := slab.run_of("waiter"))["slurm"]["reason"] == "Resources" and r, timeout=180)
     assert waiter["state"] == "pending" and waiter["slurm"]["state"] == "PENDING"
     assert waiter["slurm"]["queue_position"] == 1
     # Slurm's own start estimate: the holder's time limit (10 min) from its start, give or take; the
@@ -169,17 +169,17 @@ def test_two_gpus_on_one_node_are_allocated_by_slurm(slab, cluster):
     slab.write_stages({"train": {**py("import os, time; print(os.environ['MASTER_ADDR'], "
                                       "os.environ['EAGLELAB_NNODES']); time.sleep(3)"), "gpus": 2}})
     slab.lab("run", "train", "--detach")
-    run = wait_for(lambda: (r := slab.run_of("train"))["state"] == "running" and r, timeout=60)
+    run = wait_for(lambda: (r := slab.run_of("train"))["state"] == "running" and r, timeout=180)
     job = cluster.job(run["slurm"]["job_id"])
     assert "gres/gpu=2" in job.get("AllocTRES", "") or "gpu:2" in job.get("TresPerNode", ""), job
-    run = wait_for(lambda: (r := slab.run_of("train"))["state"] == "completed" and r, timeout=60)
+    run = wait_for(lambda: (r := slab.run_of("train"))["state"] == "completed" and r, timeout=180)
     assert (Path(run["run_dir"]) / "output.log").read_text().split() == [cluster.name, "1"]  # rendezvous: the first node
 
 
 def test_slurmd_killed_mid_run_gives_node_fail(slab, cluster):
     slab.write_stages({"t": tick(1000, 0.5, requeue=False)})
     slab.lab("run", "t", "--detach")
-    run = wait_for(lambda: (r := slab.run_of("t"))["state"] == "running" and r, timeout=60)
+    run = wait_for(lambda: (r := slab.run_of("t"))["state"] == "running" and r, timeout=180)
     cluster.kill_slurmd()
     try:
         run = wait_for(lambda: (r := slab.run_of("t"))["state"] not in ("pending", "running") and r, timeout=120,
@@ -195,11 +195,11 @@ def test_requeued_stage_runs_again_in_its_run_dir(slab, cluster):
     slab.write_stages({"t": tick(12, 0.5)})
     slab.lab("run", "t", "--detach")
     run = wait_for(lambda: (r := slab.run_of("t"))["state"] == "running" and
-                   (r["log_state"] or {}).get("progress") and r, timeout=60)
+                   (r["log_state"] or {}).get("progress") and r, timeout=180)
     job = run["slurm"]["job_id"]
     assert cluster.scontrol("requeue", job).returncode == 0
     # back in the queue (Slurm holds a requeued job ~2 min: BeginTime), shown as pending again
-    run = wait_for(lambda: (r := slab.run_of("t"))["state"] == "pending" and r, timeout=60)
+    run = wait_for(lambda: (r := slab.run_of("t"))["state"] == "pending" and r, timeout=180)
     assert run["slurm"]["state"] == "PENDING" and run["exit_code"] is None
     assert cluster.scontrol("update", f"jobid={job}", "StartTime=now").returncode == 0
     run = wait_for(lambda: (r := slab.run_of("t"))["state"] == "completed" and r["slurm"]["restart_count"] == 1
@@ -214,7 +214,7 @@ def test_slurm_controller_killed_mid_run_and_restarted_reattaches(slab, cluster)
     slab.write_stages({"t": tick(60, 0.5)})
     waiter = subprocess.Popen([str(REPO / "bin" / "lab"), "run", "t"], env=slab.env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run = wait_for(lambda: (r := slab.runs("t")) and r[0]["state"] == "running" and r[0], timeout=60)
+    run = wait_for(lambda: (r := slab.runs("t")) and r[0]["state"] == "running" and r[0], timeout=180)
     # the eaglelab controller dies, then Slurm's
     waiter.kill()
     waiter.wait()
