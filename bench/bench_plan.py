@@ -87,6 +87,37 @@ def h200_rows() -> list[dict]:
     return rows
 
 
+# the dense verifier bench/gpu_train_real.py builds for --shape llama8b (Llama-3-8B-like)
+LLAMA8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+           "torch_dtype": "bfloat16"}
+
+
+def dense_rows() -> list[dict]:
+    """The second shape (issue 29 item 1): a dense Llama-3-8B-like verifier, the full train's argv, on the
+    H200 (bench/results/gpu_train_real_h200_llama8b.json). Measured after the planner was written; not tuned on."""
+    path = REPO / "bench" / "results" / "gpu_train_real_h200_llama8b.json"
+    if not path.is_file():
+        return []
+    m = facts_mod.from_config_json(LLAMA8B)
+    rows = []
+    for r in sorted(json.loads(path.read_text()), key=lambda r: int(r["length"])):
+        if "summary" not in r:
+            continue
+        tokens = max(s["tokens"] for s in r["record"]["steps"])
+        got = memory.train_phases(m, 32000, tokens)
+        ph = r["summary"]["phases"]
+        label = f"H200 dense (Llama-3-8B-like) train {r['length']:,} ({tokens:,} tokens)"
+        rows.append(_row(f"{label}: steps, peak allocated", got["steps"], ph["steps"]["peak_allocated"], "GiB",
+                         0.25, "arithmetic", True))
+        rows.append(_row(f"{label}: steps, peak reserved", got["steps"] * memory.RESERVED_FACTOR,
+                         max(ph["steps"]["peak_reserved"], ph["steps_first_epoch"]["peak_reserved"]), "GiB", 0.25,
+                         "arithmetic x 1.15", True))
+        rows.append(_row(f"{label}: acceptance estimate, peak allocated", got["estimate"],
+                         ph["estimate"]["peak_allocated"], "GiB", 0.25, "arithmetic", True))
+    return rows
+
+
 def demo_rows() -> list[dict]:
     path = REPO / "bench" / "results" / "demo_train_cpu.json"
     if not path.is_file():
@@ -108,7 +139,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 when a row is outside its tolerance")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    rows = kimi_rows() + h200_rows() + demo_rows()
+    rows = kimi_rows() + h200_rows() + dense_rows() + demo_rows()
     if a.json:
         print(json.dumps({"rows": rows}, indent=1))
     else:
