@@ -63,17 +63,15 @@ def kimi_rows() -> list[dict]:
     return rows
 
 
-def h200_rows() -> list[dict]:
-    m = facts_mod.load_facts(REPO / "conf" / "facts" / "kimi-k2.5.yaml").model
+def measured_train_rows(m, runs: list[dict], name: str) -> list[dict]:
+    """Steps (allocated, reserved) and the estimate of each measured length against the planner's arithmetic,
+    given the largest step's tokens."""
     rows = []
-    runs = json.loads((REPO / "bench" / "results" / "gpu_train_real_h200.json").read_text())
     for r in sorted(runs, key=lambda r: int(r["length"])):
-        if "summary" not in r or r["run"] != "pilot":   # "full" measured the same to the MiB at 18,432
-            continue
         tokens = max(s["tokens"] for s in r["record"]["steps"])
         got = memory.train_phases(m, 32000, tokens)
         ph = r["summary"]["phases"]
-        label = f"H200 train {r['length']:,} ({tokens:,} tokens)"
+        label = f"{name} {r['length']:,} ({tokens:,} tokens)"
         rows.append(_row(f"{label}: steps, peak allocated", got["steps"], ph["steps"]["peak_allocated"], "GiB",
                          0.25, "arithmetic", True))
         rows.append(_row(f"{label}: steps, peak reserved", got["steps"] * memory.RESERVED_FACTOR,
@@ -81,6 +79,14 @@ def h200_rows() -> list[dict]:
                          "arithmetic x 1.15", True))
         rows.append(_row(f"{label}: acceptance estimate, peak allocated", got["estimate"],
                          ph["estimate"]["peak_allocated"], "GiB", 0.25, "arithmetic", True))
+    return rows
+
+
+def h200_rows() -> list[dict]:
+    m = facts_mod.load_facts(REPO / "conf" / "facts" / "kimi-k2.5.yaml").model
+    runs = json.loads((REPO / "bench" / "results" / "gpu_train_real_h200.json").read_text())
+    # "full" measured the same to the MiB as "pilot" at 18,432
+    rows = measured_train_rows(m, [r for r in runs if "summary" in r and r["run"] == "pilot"], "H200 train")
     rest = memory.train_phases(m, 32000, 0)["rest"]
     rows.insert(0, _row("H200 train: at rest (params, grads, optimizer, frozen)", rest, 11.556, "GiB", 0.25,
                         "arithmetic", True))
@@ -99,23 +105,8 @@ def dense_rows() -> list[dict]:
     path = REPO / "bench" / "results" / "gpu_train_real_h200_llama8b.json"
     if not path.is_file():
         return []
-    m = facts_mod.from_config_json(LLAMA8B)
-    rows = []
-    for r in sorted(json.loads(path.read_text()), key=lambda r: int(r["length"])):
-        if "summary" not in r:
-            continue
-        tokens = max(s["tokens"] for s in r["record"]["steps"])
-        got = memory.train_phases(m, 32000, tokens)
-        ph = r["summary"]["phases"]
-        label = f"H200 dense (Llama-3-8B-like) train {r['length']:,} ({tokens:,} tokens)"
-        rows.append(_row(f"{label}: steps, peak allocated", got["steps"], ph["steps"]["peak_allocated"], "GiB",
-                         0.25, "arithmetic", True))
-        rows.append(_row(f"{label}: steps, peak reserved", got["steps"] * memory.RESERVED_FACTOR,
-                         max(ph["steps"]["peak_reserved"], ph["steps_first_epoch"]["peak_reserved"]), "GiB", 0.25,
-                         "arithmetic x 1.15", True))
-        rows.append(_row(f"{label}: acceptance estimate, peak allocated", got["estimate"],
-                         ph["estimate"]["peak_allocated"], "GiB", 0.25, "arithmetic", True))
-    return rows
+    runs = [r for r in json.loads(path.read_text()) if "summary" in r]
+    return measured_train_rows(facts_mod.from_config_json(LLAMA8B), runs, "H200 dense (Llama-3-8B-like) train")
 
 
 def demo_rows() -> list[dict]:
