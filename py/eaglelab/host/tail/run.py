@@ -225,11 +225,15 @@ def follow_run(run_dir: Path, stop: threading.Event, guard=None) -> None:
     except OSError:
         watch = None  # no inotify (e.g. out of watches): polling alone still works
     try:
+        left = None  # bytes of backlog at the stop: read that much, not what leftover writers add
         while True:
-            stopping = stop.is_set()  # before the read: what was written before the stop is read
-            follower.read(READ_SLICE)
-            if stopping and not follower.behind:
-                break
+            if left is None and stop.is_set():  # before the read: what was written before the stop is read
+                left = follower.reader.unread()
+            got = follower.read(READ_SLICE)
+            if left is not None:
+                left -= got
+                if left <= 0 or not follower.behind:
+                    break
             write_now, timeout = follower.due()
             if write_now:
                 guard(follower.write)
