@@ -87,7 +87,8 @@ def wheelhouse(ctx: click.Context, host: str, platforms: tuple[str, ...], python
         target = wheels.target_from_options(platforms, python_version, implementation, abis)
     else:
         ex = _ssh_executor(lab, host, "give its platform with --platform and --python-version")
-        target = wheels.target_from_facts(wheels.host_facts(ex, venv_dir(ex.remote_python) + "/bin/python"))
+        target = wheels.target_from_facts(wheels.host_facts(ex, venv_dir(ex.remote_python) + "/bin/python"),
+                                         host)
     info = wheels.build(lock, target, lab.cfg.logs_dir, out=sys.stderr)
     click.echo(f"lab {wheels.describe(info)}")
     click.echo(f"lab wheelhouse: for {target.key()} ({' '.join(target.pip_args())}); "
