@@ -180,3 +180,21 @@ def test_a_hosts_platform_answer_never_names_a_folder_outside_the_wheelhouse(ssh
     assert not (sshlab.net.home("h1") / "eaglelab-o6" / ".eaglelab").exists()
     refused = sshlab.lab("wheelhouse", "h1", "--platform", "../../x", "--python-version", "3.12", check=False)
     assert refused.returncode != 0 and "--platform" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_facts_answer_without_home_is_an_error_not_a_traceback(sshlab, tmp_path: Path):
+    """O-13: a host whose hostside answers facts without `home` (an older or broken install) made
+    a host path (the repo, an input's size for a `prior:`) end in a KeyError traceback; now a
+    HostError (shown without a traceback) names the host and the fix."""
+    fake = tmp_path / "old-python"  # the host's python: answers every hostside verb as an old one did
+    fake.write_text("#!/bin/sh\necho '{\"schema\": 1, \"hostname\": \"h1\"}'\n")
+    fake.chmod(0o755)
+    sshlab.write({"use": {"host": "h1", "command": ["true"]}}, hosts=["h1"],
+                 extra_host={"python": str(fake), "repo_dir": "~/eaglelab-old"})
+    from eaglelab.errors import HostError
+    ex = sshlab.core().executor("h1")  # as `lab status` reaches it for a stage's `prior:` (its input's path)
+    try:
+        ex.repo_dir()
+        raise AssertionError("a host path was made without the host's home")
+    except HostError as e:
+        assert "host 'h1'" in str(e) and "home" in str(e) and "lab sync h1" in str(e), e

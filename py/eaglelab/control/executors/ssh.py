@@ -107,7 +107,12 @@ class SshExecutor(Executor):
 
     def home(self) -> str:
         if self._home is None:
-            self._home = self.facts()["home"]
+            home = self.facts().get("home")
+            if not isinstance(home, str) or not home.startswith("/"):
+                raise HostError(f"host {self.host.name!r}: its facts answer has no home directory (home: {home!r}), "
+                                f"so no path there can be made absolute; its eaglelab is older than this one or "
+                                f"broken: run `lab sync {self.host.name}`")
+            self._home = home
         return self._home
 
     # -- the ssh command line ------------------------------------------------------------------
