@@ -103,9 +103,11 @@ def mirror(ctx: click.Context, target: str) -> None:
     lab = _lab(ctx)
     rec = lab.resolve_run(target)
     ex = lab.executor(rec["host"])
-    mirror_ = getattr(ex, "mirror", None)
+    # a Slurm host's log is mirrored from its login node when that is reached over ssh
+    mirror_ = getattr(ex, "mirror", None) or getattr(getattr(ex, "login", None), "mirror", None)
     if mirror_ is None:
-        click.echo(f"lab: {rec['id']} runs on {rec['host']} (local): its log is {rec.get('run_dir')}/output.log")
+        where = "Slurm; its login node is this machine" if ex.host.reach == "slurm" else "local"
+        click.echo(f"lab: {rec['id']} runs on {rec['host']} ({where}): its log is {rec.get('run_dir')}/output.log")
         return
     size = mirror_.sync(ex, rec["id"])
     click.echo(f"{mirror_.path(rec['host'], rec['id'])} {size} bytes")
