@@ -52,6 +52,16 @@ def public_message(e: Exception) -> str:
     return f"{type(e).__name__} while loading the configuration; the server's output has the details"
 
 
+# lab.yaml's web settings the running server took when it started (the address it is bound to, the
+# Host names it answers, the variable its token came from): a reload cannot apply them to it.
+STARTUP_ONLY = ("host", "port", "allowed_hosts", "token_env")
+
+
+def web_changes(started, now) -> list[str]:
+    """The keys of lab.yaml's `web:` whose value differs from the one the server started with."""
+    return [f"web.{k}" for k in STARTUP_ONLY if getattr(started, k) != getattr(now, k)]
+
+
 class ConfigWatch:
     """The current Lab of a conf dir. `profile`: None to follow lab.yaml's `profile:` on reload
     (`lab web` without --profile), else that profile stays."""
@@ -64,6 +74,7 @@ class ConfigWatch:
         self.clock = clock
         self._loader = loader
         self._seen = self._digests(config_files(lab.cfg))  # what the current lab was loaded from
+        self._web = lab.cfg.lab.web  # as the server started: a reload changing it is refused
         self._failed: dict[str, str | None] | None = None  # the files as the failed reload read them
         self.loaded_at = utcnow_iso(clock())
         self.reloaded: dict | None = None  # {"at", "files"}: the last reload that worked
@@ -94,6 +105,14 @@ class ConfigWatch:
             except Exception as e:  # noqa: BLE001 - any failure keeps the page up, and is shown
                 self._failed = now_seen
                 self.error = {"at": utcnow_iso(self.clock()), "files": changed, "message": public_message(e)}
+                return self._lab
+            web = web_changes(self._web, lab.cfg.lab.web)
+            if web:  # never a page half on the old settings (who may open it, act) and half on the new
+                self._failed = now_seen
+                self.error = {"at": utcnow_iso(self.clock()), "files": changed, "message": (
+                    f"{self.conf_dir / 'lab.yaml'}: {', '.join(web)} changed; `lab web` takes its web settings "
+                    f"({', '.join(STARTUP_ONLY)}) when it starts: restart it to apply them, or put them back "
+                    f"(until then the page serves with the settings it started with and no action runs)")}
                 return self._lab
             self._lab = lab
             new_files = config_files(lab.cfg)  # the profile itself may have changed (lab.yaml's `profile:`)

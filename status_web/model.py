@@ -171,8 +171,10 @@ def cell(stage: dict, run: dict | None, hosts: dict[str, dict], now: float) -> d
     ended = state in ("completed", "failed", "killed")
     ended_at = fmt_clock(ts(run.get("ended_at")), now) if ended else ""
     eta = eta_view(fin, now, src, str(mapping(stage.get("eta")).get("basis") or "") if src == "eta" else "")
-    if state == "stalled" and not service:
-        eta = {"unknown": "stalled: no progress, so no finish time"}  # not 0, not the last estimate
+    stuck = mapping(run.get("eta")).get("source") == "stalled"  # a bar quiet past its estimate's slow end
+    if (state == "stalled" or stuck) and not service:
+        eta = {"unknown": "stalled: " + (str(mapping(run.get("eta")).get("reason")) if stuck and state != "stalled"
+                                         else "no progress") + ", so no finish time"}  # not 0, not the last estimate
     return {
         "stage": str(stage.get("name")), "host": str(stage.get("host")), "state": state,
         "run_id": run.get("id"),

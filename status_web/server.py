@@ -21,6 +21,9 @@ REQUEST_READ_S = 10  # a request must arrive whole (headers and body) within thi
 PER_CLIENT_UNSERVED = 32  # connections one address may hold with no request being served (a browser: ~6)
 ACCESS_LOG = logging.getLogger("eaglelab.web.access")
 _TOKEN_ARG = re.compile(r"(^|&)(token=)[^&]*", re.IGNORECASE)
+# What a client may put in a path (waitress decodes %0A) that could start a forged line or field
+# of the access log: controls, DEL, C1, the Unicode line breaks, the space, the backslash.
+_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\\\u2028\u2029]")
 
 
 class GuardedChannel(HTTPChannel):
@@ -102,6 +105,12 @@ def make(app, host: str, port: int, access_log: bool = False):
     return GuardedServer(AccessLog(app) if access_log else app, adj=adj)
 
 
+def printable(text: str) -> str:
+    """text for one field of one log line: what could end the line or the field as \\xNN."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
+                       text)
+
+
 def redact_query(query: str) -> str:
     """The query string with any token's value replaced: a token never reaches a log."""
     return _TOKEN_ARG.sub(r"\1\2***", query)
@@ -125,6 +134,7 @@ class AccessLog:
             return self.app(environ, start)
         finally:
             q = redact_query(environ.get("QUERY_STRING", ""))
-            ACCESS_LOG.info("%s %s %s%s %s %.1fms", environ.get("REMOTE_ADDR", "-"), environ.get("REQUEST_METHOD"),
-                            environ.get("PATH_INFO", ""), f"?{q}" if q else "", seen.get("status", "-"),
+            ACCESS_LOG.info("%s %s %s%s %s %.1fms", printable(str(environ.get("REMOTE_ADDR", "-"))),
+                            printable(str(environ.get("REQUEST_METHOD"))), printable(environ.get("PATH_INFO", "")),
+                            f"?{printable(q)}" if q else "", seen.get("status", "-"),
                             (time.perf_counter() - began) * 1000)

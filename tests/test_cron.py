@@ -487,3 +487,40 @@ def test_failed_stage_retried_next_night_with_webhooks(night: NightLab, receiver
     finally:
         _kill_drainer(night)
         hole.close()
+
+
+def test_cron_logs_are_this_users_only(tmplab):
+    """O-9: the firings' logs hold what the stages printed; like the host's run directories they are
+    0600 in a 0700 folder: the crontab line itself runs under umask 077, and a folder or cron.out
+    left open (0755/0644) by an earlier version is tightened by the next firing. The crontab line
+    is run as cron runs it (sh, cron's bare environment, cron's umask 022)."""
+    import stat
+    import sys
+
+    from eaglelab.control import cron as cronlib
+    tmplab.write_pipeline("""\
+        stages:
+          hello:
+            host: local
+            command: ["${python}", "-c", "print('hello from the stage')"]
+        """)
+    cron_dir = tmplab.logs / "cron"
+    cron_dir.mkdir(parents=True)
+    (cron_dir / "cron.out").write_text("an earlier firing\n")
+    os.chmod(cron_dir / "cron.out", 0o644)
+    os.chmod(cron_dir, 0o755)
+    line = cronlib.fire_command(target="pipeline", python=sys.executable, repo=REPO, conf_dir=tmplab.conf,
+                                profile="test", logs_dir=tmplab.logs)
+    env = {"HOME": str(tmplab.root), "LOGNAME": "root", "PATH": "/usr/bin:/bin", "SHELL": "/bin/sh"}
+    subprocess.run(["sh", "-c", f"umask 022; {line}"], env=env, check=True, timeout=120)
+    mode = lambda p: stat.S_IMODE(os.lstat(p).st_mode)
+    logs = [p for p in cron_dir.iterdir() if not p.is_symlink()]
+    assert any(p.suffix == ".log" for p in logs) and any(p.suffix == ".json" for p in logs), logs
+    assert mode(cron_dir) == 0o700 and {p.name: mode(p) for p in logs} == {p.name: 0o600 for p in logs}
+    assert b"complete: ran 1" in b"".join(p.read_bytes() for p in logs if p.suffix == ".log")
+
+    fresh = tmplab.root / "logs2"  # and a first firing makes them so (cron's own `>>` included)
+    line = cronlib.fire_command(target="pipeline", python=sys.executable, repo=REPO, conf_dir=tmplab.conf,
+                                profile="test", logs_dir=fresh)
+    subprocess.run(["sh", "-c", f"umask 022; {line}"], env=env, check=True, timeout=120)
+    assert mode(fresh / "cron") == 0o700 and mode(fresh / "cron" / "cron.out") == 0o600

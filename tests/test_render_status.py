@@ -119,3 +119,40 @@ def test_lab_status_keeps_state_words_whole_and_each_stage_to_two_lines(width):
     for a, b in zip(starts, starts[1:] + [body_end + 1]):
         rows = [x for x in table[a:b] if x.strip() and not set(x.strip()) <= set("━─┃│├┤┼┠┨╂ ")]
         assert len(rows) <= 2, "\n".join(table[a:b])
+
+
+def test_a_stuck_bar_has_an_unknown_eta_not_finishing_now(tmp_path):
+    """Issue 32: a bar that stopped moving (its log still `running`, not yet called stalled) read
+    "finishing now, range [0, 0]" for as long as it stayed stuck: its remaining time counted down
+    from its last frame. Past the slow end of its own estimate it is unknown (`source: stalled`,
+    the reason said) in the JSON, on the terminal and on the page; a bar that moves keeps its ETA.
+    The state is the tailer's, from a real log of tqdm frames written 2 s apart."""
+    from eaglelab.eta.schedule import annotate
+    from eaglelab.host.tail.run import RunFollower
+    from status_web.model import cell
+
+    t0 = 1_800_000_000.0
+    mmss = lambda s: b"%02d:%02d" % divmod(s, 60)
+    frames = b"".join(b"\rWorking: %3d%%|##| %d/100 [%s<%s, 2.00s/it]" % (n, n, mmss(2 * n), mmss(2 * (100 - n)))
+                      for n in range(0, 21)) + b"\r"
+    (tmp_path / "output.log").write_bytes(frames)
+    f = RunFollower(tmp_path, clock=lambda: t0 + 40)
+    f.read()
+    log = f.snapshot()
+    assert log["state"] == "running" and log["progress"]["n"] == 20
+
+    def seen_at(now: float) -> tuple[dict, dict]:
+        run = {"id": "w-1", "stage": "work", "host": "h", "kind": "job", "state": "running",
+               "started_at": _iso(t0), "log_state": log}
+        status = annotate({"schema": 1, "profile": "p", "runs": [run], "hosts": [],
+                           "stages": [{"name": "work", "state": "running", "run": "w-1", "host": "h"}]}, {}, now)
+        return status["runs"][0], status["stages"][0]
+
+    moving, _ = seen_at(t0 + 45)
+    assert moving["eta"]["source"] == "progress" and moving["eta"]["eta_s"] > 60
+    stuck, stage = seen_at(t0 + 40 + 1200)  # 20 min without a frame, at 2 s/it
+    assert stuck["eta"]["eta_s"] is None and stuck["eta"]["finish_at"] is None, stuck["eta"]
+    assert stuck["eta"]["source"] == "stalled" and "has not moved for" in stuck["eta"]["reason"]
+    assert eta_text(stuck, t0 + 1240) == "unknown (stalled)"
+    page = cell(stage, stuck, {}, t0 + 1240)["eta"]
+    assert "has not moved" in page["unknown"], page

@@ -208,10 +208,9 @@ def test_logs_shows_the_last_frame_of_progress_lines(tmplab):
 
 
 def test_final_state_covers_the_log_even_when_the_live_tailer_fell_short(tmp_path):
-    """jobwrap's safety net: a tailer that stopped early (or is still busy) leaves a stale state;
-    the end is recorded only after the state covers the whole log."""
-    import threading
-
+    """jobwrap's safety net: a tailer that died early leaves a stale state; jobwrap parses the log
+    then (the one case it is read twice), so the last state covers the whole log. (A tailer still
+    busy is waited for instead: test_a_chatty_stage_s_end_is_recorded_before_its_backlog…)"""
     from eaglelab.fsutil import atomic_write_json
     from eaglelab.host import jobwrap
 
@@ -221,10 +220,7 @@ def test_final_state_covers_the_log_even_when_the_live_tailer_fell_short(tmp_pat
     (run_dir / "output.log").write_text(frames + "\neval: done\n")
     atomic_write_json(run_dir / "state.json", {"schema": 1, "progress": {"n": 0, "total": 3}, "lines": 0,
                                                "log_bytes": 10, "final": False})
-    dead = threading.Thread(target=lambda: None)
-    dead.start()
-    dead.join()
-    jobwrap._ensure_final_state(run_dir, dead)
+    jobwrap._ensure_final_state(run_dir)
     st = json.loads((run_dir / "state.json").read_text())
     assert st["progress"]["n"] == 3 and st["log_bytes"] == (run_dir / "output.log").stat().st_size
     assert st["final"] is True

@@ -105,6 +105,9 @@ def test_stage_runs_through_sbatch_and_is_recorded_completed(slab, cluster):
     assert {"meta.json", "output.log", "exit.json", "state.json", "slurm.json", "slurm_alloc.json"} <= \
         {p.name for p in rd.iterdir()}
     assert run["log_state"]["progress"]["n"] == run["log_state"]["progress"]["total"] == 6
+    assert rd.stat().st_mode & 0o777 == 0o700  # O-9: private as the host's: slurm.out, the log, the env
+    said = slab.lab("mirror", run["id"]).stdout  # where its log is: on Slurm's login node (here), not "(local)"
+    assert "(Slurm; its login node is this machine)" in said and f"{rd}/output.log" in said, said
     alloc = json.loads((rd / "slurm_alloc.json").read_text())
     assert alloc["job_id"] == job and alloc["nodes"] == [cluster.name]
     # the host is shown as a Slurm host

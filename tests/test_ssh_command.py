@@ -103,7 +103,10 @@ def test_a_space_in_the_logs_path_stays_one_control_path(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["loose", "someone_elses", "link"])
-def test_a_control_socket_folder_others_could_use_is_refused(tmp_path, how, monkeypatch):
+def test_a_control_socket_folder_others_could_use_is_never_used_a_private_one_is(tmp_path, how, monkeypatch, capfd):
+    """The short folder is squatted (made first by another user, a link, 0777): it is never used,
+    and (O-12) no host is cut either: a private folder of a random name is made and remembered in
+    logs/, so the next `lab` process shares it; the squatted one is left as it was."""
     import os
     long_logs = tmp_path / ("x" * 120)  # too long for a socket path: the short private folder is used
     runtime = tmp_path / "run"
@@ -119,8 +122,14 @@ def test_a_control_socket_folder_others_could_use_is_refused(tmp_path, how, monk
             d.chmod(0o777)
         else:
             os.chown(d, 65534, 65534)  # made first by another user (nobody)
-    with pytest.raises(HostError, match="ssh control sockets' folder"):
-        executor(long_logs).control_path()
+    before = os.lstat(d)
+    path = Path(executor(long_logs).control_path())
+    chosen = path.parent
+    assert chosen.parent == runtime and chosen != d and chosen.name.startswith(f"eaglelab-ssh-{os.getuid()}-")
+    st = os.lstat(chosen)
+    assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700 and not chosen.is_symlink()
+    assert "not using" in capfd.readouterr().err and os.lstat(d) == before  # said once, the squat untouched
+    assert Path(executor(long_logs).control_path()).parent == chosen  # the next process: the same one
     if how == "loose":
         d.chmod(0o700)
         assert executor(long_logs).control_path().startswith(str(d) + "/")  # ours and private: used

@@ -256,3 +256,20 @@ def test_an_orphan_that_finishes_on_its_host_is_completed_by_its_manifest(sshlab
     (base / "go").touch()
     run = wait_for(lambda: (r := sshlab.status()["runs"][0])["state"] != "running" and r, timeout=30)
     assert (run["state"], run["lost"]) == ("completed", False), run
+
+
+def test_a_mirrored_log_is_this_users_only_like_the_hosts(sshlab):
+    """O-9: the controller's copy of a run's log (what the stage printed: tokens, paths, maybe a
+    secret it echoed) is 0600 in 0700 folders, as the host keeps the original; a mirror folder an
+    earlier version left open (0755) is tightened."""
+    import stat
+    sshlab.write({"say": tick("h1", 2, 0.05)}, hosts=["h1"])
+    (sshlab.logs / "mirror").mkdir(parents=True, exist_ok=True)
+    os.chmod(sshlab.logs / "mirror", 0o755)
+    sshlab.lab("run", "say", "--quiet")
+    sshlab.lab("mirror", "say")
+    (run_id,) = host_run_ids(sshlab, "h1")
+    log = sshlab.logs / "mirror" / "h1" / f"{run_id}.log"
+    assert log.read_bytes() == (sshlab.run_dir("h1", run_id) / "output.log").read_bytes()
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (sshlab.logs / "mirror", log.parent, log)}
+    assert modes == {"mirror": 0o700, "h1": 0o700, log.name: 0o600}

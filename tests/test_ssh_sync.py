@@ -154,3 +154,47 @@ def test_the_tags_of_a_hosts_platform():
     args = t.pip_args()
     assert args[:2] == ["--platform", "manylinux_2_28_aarch64"] and ["--python-version", "3.12"] == \
         args[args.index("--python-version"):args.index("--python-version") + 2]
+
+
+def test_a_hosts_platform_answer_never_names_a_folder_outside_the_wheelhouse(sshlab, tmp_path: Path):
+    """O-6: the host's python answers the platform; its fields become folder names here (the cache
+    under logs/wheelhouse) and on the host (rsync's destination). A hostile or broken answer
+    (`machine: x86_64/../../../../victim`) is refused naming the host and the field; nothing is made
+    or deleted outside the wheelhouse, on either side."""
+    lock = tmp_path / "pure.lock"
+    lock.write_text("six==1.17.0\n")
+    evil = tmp_path / "evil-python"  # the host's base_python: the filesystem is shared, homes are not
+    evil.write_text("#!/bin/sh\necho '" + json.dumps({
+        "implementation": "cpython", "python_version": "3.11", "abiflags": "", "soabi": "cpython-311",
+        "machine": "x86_64/../../../../victim", "system": "linux", "libc": "glibc", "libc_version": "2.35"}) + "'\n")
+    evil.chmod(0o755)
+    sshlab.write({"use": {"host": "h1", "command": ["true"]}}, hosts=["h1"], lock=str(lock),
+                 extra_host={"repo_dir": "~/eaglelab-o6", "python": ".venv/bin/python", "base_python": str(evil)})
+    before = sorted(p.name for p in sshlab.logs.parent.parent.iterdir())
+    for argv in (["wheelhouse", "h1"], ["sync", "h1", "--wheelhouse"]):
+        r = sshlab.lab(*argv, check=False, timeout=120)
+        assert r.returncode != 0 and "host 'h1'" in r.stderr and "'machine'" in r.stderr \
+            and "x86_64/../../../../victim" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not list((sshlab.logs / "wheelhouse").glob("*")) if (sshlab.logs / "wheelhouse").exists() else True
+    assert sorted(p.name for p in sshlab.logs.parent.parent.iterdir()) == before  # no victim.tmp-* beside it
+    assert not (sshlab.net.home("h1") / "eaglelab-o6" / ".eaglelab").exists()
+    refused = sshlab.lab("wheelhouse", "h1", "--platform", "../../x", "--python-version", "3.12", check=False)
+    assert refused.returncode != 0 and "--platform" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_facts_answer_without_home_is_an_error_not_a_traceback(sshlab, tmp_path: Path):
+    """O-13: a host whose hostside answers facts without `home` (an older or broken install) made
+    a host path (the repo, an input's size for a `prior:`) end in a KeyError traceback; now a
+    HostError (shown without a traceback) names the host and the fix."""
+    fake = tmp_path / "old-python"  # the host's python: answers every hostside verb as an old one did
+    fake.write_text("#!/bin/sh\necho '{\"schema\": 1, \"hostname\": \"h1\"}'\n")
+    fake.chmod(0o755)
+    sshlab.write({"use": {"host": "h1", "command": ["true"]}}, hosts=["h1"],
+                 extra_host={"python": str(fake), "repo_dir": "~/eaglelab-old"})
+    from eaglelab.errors import HostError
+    ex = sshlab.core().executor("h1")  # as `lab status` reaches it for a stage's `prior:` (its input's path)
+    try:
+        ex.repo_dir()
+        raise AssertionError("a host path was made without the host's home")
+    except HostError as e:
+        assert "host 'h1'" in str(e) and "home" in str(e) and "lab sync h1" in str(e), e

@@ -247,3 +247,65 @@ def test_a_stage_that_prints_nothing_is_stalled_after_a_while(tmp_path):
     now[0] += SILENT_MAX_S
     snap = f.snapshot()
     assert snap["state"] == "stalled" and snap["stall"]["reason"] == "silent"
+
+
+CHATTY_STAGE = r"""
+import sys
+line = b"INFO 12-04 17:53:22 [loop.py:88] step %08d loss 0.123456 lr 0.000100 tokens 4096 grad_norm 1.2345\n"
+sys.stdout.buffer.write(b"".join(line % i for i in range(int(sys.argv[1]))))  # ~40 MB at once
+sys.stdout.buffer.write(b"RuntimeError: the last line says why\n")
+sys.exit(3)
+"""
+
+
+def test_a_chatty_stage_s_end_is_recorded_before_its_backlog_is_parsed_and_the_log_parsed_once(tmp_path):
+    """Issue 32 item 5: a stage wrote its log far faster than the tailer parses it (a GiB in
+    seconds), then exited. The tailer writes state.json while it catches up (never "no state file
+    yet"), jobwrap records the end without waiting for the backlog (exit.json is there while the
+    state still covers part of the log), and the log is parsed once, by the tailer, to its last
+    line. jobwrap waits 0 s for the tailer here (3 s in production): what is proven is the order."""
+    run, lines = tmp_path / "run", 400_000
+    run.mkdir()
+    wrap = ("import sys, eaglelab.host.jobwrap as j; j.TAILER_WAIT_S = 0.0; sys.exit(j.main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", wrap, "--run-dir", str(run), "--", sys.executable, "-c",
+                             CHATTY_STAGE, str(lines)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "py")})
+    partial, at_exit = set(), None
+    while proc.poll() is None:
+        s, ended = read_json(run / "state.json"), (run / "exit.json").exists()
+        size = (run / "output.log").stat().st_size if (run / "output.log").exists() else 0
+        if s and 0 < s["log_bytes"] < size:
+            partial.add(s["log_bytes"])
+        if ended and at_exit is None:
+            at_exit = s
+        time.sleep(0.005)
+    out = proc.stdout.read().decode()
+    size = (run / "output.log").stat().st_size
+    assert partial, "no state.json while the tailer caught up"
+    assert at_exit is not None and not at_exit["final"] and at_exit["log_bytes"] < size, at_exit
+    assert "final pass" not in out, out  # the tailer did not die; nobody parsed the log a second time
+    raw = read_json(run / "state.json")  # the tailer's own last write, after exit.json: one parse, to the end
+    assert raw["final"] and raw["log_bytes"] == size and raw["lines"] == lines + 1 and "exit" in raw
+    assert raw["state"] == "failed" and raw["failure"]["line"] == lines + 1, raw["failure"]
+    assert read_json(run / "exit.json")["exit_code"] == 3
+
+
+def test_a_rotation_read_in_slices_finishes_the_old_file_first(tmp_path):
+    """The tailer reads a backlog in slices (read_new's budget): a file rotated while its old one
+    is not read to the end yet is finished first, over as many slices as it takes."""
+    from eaglelab.host.tail.follower import FileFollower
+    log = tmp_path / "output.log"
+    old = b"".join(b"old %05d\n" % i for i in range(1000))
+    log.write_bytes(old[:100])
+    f = FileFollower(log)
+    got = [d for _, d in f.read_new(64)]
+    with open(log, "ab") as fh:
+        fh.write(old[100:])
+    log.rename(tmp_path / "output.log.1")
+    log.write_bytes(b"new\n")
+    for _ in range(1000):
+        events = list(f.read_new(4096))
+        got += [d for k, d in events if k == "data"]
+        if ("reset", b"") in events:
+            break
+    assert b"".join(got) == old + b"new\n"

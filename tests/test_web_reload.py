@@ -230,3 +230,35 @@ def test_the_read_cookie_cannot_act(tmplab):
         if web.poll() is None:
             os.killpg(web.pid, signal.SIGTERM)
             web.wait(timeout=30)
+
+
+def test_a_reload_that_changes_the_web_settings_is_refused_visibly(tmplab):
+    """O-11: lab.yaml's web.allowed_hosts (or token_env, host, port) edited under a running `lab web`
+    reloaded without a word while the server kept answering the old Host names with the old token.
+    Such a reload is refused: /api/status and the page name the key and say to restart, actions
+    answer 409 with the same words, the new name is not answered yet; put back, all is as before."""
+    tmplab.write_pipeline(PIPELINE)
+    tmplab.write_profile("test", profile(tmplab.root / "out.txt"))
+    port = free_port()
+    web = start(tmplab, port)
+    lab_yaml = tmplab.conf / "lab.yaml"
+    good = lab_yaml.read_text()
+    try:
+        lab_yaml.write_text(good + "web:\n  allowed_hosts: [gpu-box.lab]\n")
+        error = wait_for(lambda: json.loads(get(port, "/api/status")[1])["config"]["error"], timeout=20)
+        assert "web.allowed_hosts changed" in error["message"] and "restart" in error["message"], error
+        assert "config-error" in get(port, "/")[1]
+        code, body = rerun(port)
+        assert code == 409 and "web.allowed_hosts" in json.dumps(body), body
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/status", headers={"Host": "gpu-box.lab"})
+        try:
+            urllib.request.urlopen(req, timeout=5)
+            raise AssertionError("the new Host name was answered before a restart")
+        except urllib.error.HTTPError as e:
+            assert e.code in (400, 403, 421), e.code
+        lab_yaml.write_text(good)  # put back: the error goes, as with any file put back
+        wait_for(lambda: json.loads(get(port, "/api/status")[1])["config"]["error"] is None, timeout=20)
+    finally:
+        if web.poll() is None:
+            os.killpg(web.pid, signal.SIGTERM)
+            web.wait(timeout=30)

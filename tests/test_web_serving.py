@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import threading
 
 import web_samples
@@ -208,3 +209,46 @@ def test_a_request_that_takes_too_long_to_arrive_is_closed(monkeypatch):
         srv.task_dispatcher.shutdown()
         wasyncore.close_all(srv._map)  # the loop ends with an empty map
         t.join(5)
+
+
+def test_a_path_cannot_forge_an_access_log_line(tmplab):
+    """O-10: waitress decodes %0A in a path; written as is, `GET /x%0A<a whole fake line>` put a
+    line of the client's choosing in `lab web --access-log`'s output (a forged POST of a stop, say).
+    Controls, line breaks, spaces and backslashes in a logged field are written as \\xNN."""
+    import signal
+    import socket
+    import subprocess
+    import urllib.request
+
+    from conftest import LAB, wait_for
+    from test_web_browser import free_port
+    tmplab.write_pipeline('stages:\n  a: {host: local, command: ["true"]}\n')
+    port = free_port()
+    web = subprocess.Popen([str(LAB), "web", "--port", str(port), "--refresh", "5", "--access-log"],
+                           env=tmplab.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: _answers(port), timeout=30)
+        forged = "127.0.0.1 POST /api/runs/a-1/stop 200 1.0ms"
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(f"GET /nope%0D%0A{forged.replace(' ', '%20')}%E2%80%A8x HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"
+                      .encode())
+            s.recv(65536)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?after=1", timeout=5) as r:
+            r.read()
+    finally:
+        os.killpg(web.pid, signal.SIGTERM)
+        out = web.communicate(timeout=30)[0].decode(errors="replace")
+    assert "/api/status?after=1 200" in out, out  # the log was on
+    lines = out.splitlines()
+    assert not any(line.startswith(forged) or line.lstrip().startswith("127.0.0.1 POST") for line in lines), out
+    (logged,) = [line for line in lines if "/nope" in line]
+    assert "/nope\\x0d\\x0a127.0.0.1\\x20POST\\x20/api/runs/a-1/stop" in logged and logged.endswith("ms"), logged
+
+
+def _answers(port: int) -> bool:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,27 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def private_dir(path: str | os.PathLike) -> Path:
+    """A folder only this user can enter (0700), as the host's run directories are: made so if
+    missing, tightened if it is ours and open to others (logs written before this rule)."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.stat(p)
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(p, stat.S_IMODE(st.st_mode) & 0o700)
+    return p
+
+
+def open_private_append(path: str | os.PathLike) -> int:
+    """A file descriptor appending to path, a file only this user can read (0600; tightened if
+    it was made wider before)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    st = os.fstat(fd)
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o600)
+    return fd
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -24,7 +24,7 @@ from croniter import croniter
 
 from eaglelab.config import REPO_ROOT
 from eaglelab.errors import EaglelabError
-from eaglelab.fsutil import atomic_write_json, read_json, utcnow_iso
+from eaglelab.fsutil import atomic_write_json, private_dir, read_json, utcnow_iso
 
 TAG = "eaglelab"
 DEFAULT_SCHEDULE = "0 3 * * *"
@@ -84,7 +84,8 @@ def fire_command(*, target: str, python: str, repo: Path, conf_dir: Path, profil
         env["EAGLELAB_PROFILE"] = profile
     cron_dir = logs_dir / "cron"
     assigns = " ".join(f"{k}={q(v)}" for k, v in env.items())
-    return (f"mkdir -p {q(str(cron_dir))} && cd {q(str(repo))} && {assigns} {q(python)} -m eaglelab.control.cli "
+    # umask 077: cron.out and the folder (made here, first) are this user's only, as the host's logs
+    return (f"umask 077 && mkdir -p {q(str(cron_dir))} && cd {q(str(repo))} && {assigns} {q(python)} -m eaglelab.control.cli "
             f"cron fire --target {q(target)} >> {q(str(cron_dir / 'cron.out'))} 2>&1")
 
 
@@ -121,7 +122,7 @@ def install(*, schedule: str, target: str, conf_dir: Path, profile: str | None, 
     python = python or os.path.abspath(sys.executable)  # the venv's python: not resolved (a symlink)
     command = fire_command(target=target, python=python, repo=Path(repo).resolve(), conf_dir=conf_dir,
                            profile=profile, logs_dir=logs_dir)
-    (logs_dir / "cron").mkdir(parents=True, exist_ok=True)
+    private_dir(logs_dir / "cron")
     tab = _crontab()
     tag = tag_for(target, conf_dir)
     tab.remove_all(comment=tag)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from eaglelab.fsutil import open_private_append, private_dir
+
 CHUNK = 1 << 20
 
 
@@ -45,13 +47,14 @@ class LogMirror:
         if not data:
             return 0
         path = self.path(host, run_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path) + ".lock"):
+        private_dir(self.root)  # a stage's log may hold what its env held: private, as on its host
+        private_dir(path.parent)
+        with FileLock(str(path) + ".lock", mode=0o600):
             size = path.stat().st_size if path.exists() else 0
             if offset > size or offset + len(data) <= size:
                 return 0
             tail = data[size - offset:]
-            with open(path, "ab") as f:
+            with open(open_private_append(path), "ab") as f:
                 f.write(tail)
                 f.flush()
                 os.fsync(f.fileno())

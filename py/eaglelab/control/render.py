@@ -113,8 +113,8 @@ def fmt_clock_ts(t: float) -> str:
 def eta_text(run: dict, now: float | None = None) -> str:
     if serving_text(run) is not None:
         return ""  # a ready service: nothing to wait for
-    if run.get("state") == "stalled":
-        return "unknown (stalled)"  # no progress: any finish time would be made up
+    if run.get("state") == "stalled" or (run.get("eta") or {}).get("source") == "stalled":
+        return "unknown (stalled)"  # no progress (or a bar stuck past its estimate): any finish time would be made up
     eta = run.get("eta") or {}
     if not eta.get("finish_at"):
         return ""

@@ -61,7 +61,7 @@ def sync(ex: SshExecutor, out: TextIO, timeout_s: float = 3600, wheelhouse: bool
     install = [vpy, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", *host.pip_options]
     if wheelhouse:
         from . import wheelhouse as wheels
-        target = wheels.target_from_facts(wheels.host_facts(ex, vpy))
+        target = wheels.target_from_facts(wheels.host_facts(ex, vpy), host.name)
         wh = wheels.build(lock, target, ex.logs_dir, out=out, timeout_s=timeout_s)
         print(f"lab sync: {wheels.describe(wh)}", file=out, flush=True)
         on_host = posixpath.join(repo, WHEELHOUSE_ON_HOST, Path(wh["dir"]).name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -37,6 +38,11 @@ print(json.dumps({"implementation": sys.implementation.name, "python_version": f
 """
 
 IMPLEMENTATIONS = {"cpython": "cp", "pypy": "pp"}
+# What a wheel tag's parts are made of (PEP 425/600): the host's answer becomes folder names on the
+# controller and on the host, so "x86_64/../../home" must never reach a path.
+TAG_PART = re.compile(r"[A-Za-z0-9_.]{1,64}")
+PYTHON_VERSION = re.compile(r"\d{1,2}\.\d{1,3}")
+SOABI = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # cpython-311-x86_64-linux-gnu
 LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
 MANIFEST = "wheelhouse.json"
 
@@ -59,9 +65,37 @@ class Target:
         return f"{self.abis[0] if self.abis else self.implementation}-{self.platforms[0]}"
 
 
-def target_from_facts(f: dict) -> Target:
+def _plain(value: str, pattern: re.Pattern, what: str, fix: str) -> str:
+    """A tag part as it may enter a folder name: letters, digits, `_` and `.`, never `..`."""
+    if not pattern.fullmatch(value) or ".." in value:
+        raise HostError(f"{what} is {value[:120]!r}: not a wheel tag part (letters, digits, '_' and '.' only); "
+                        f"{fix}")
+    return value
+
+
+def _checked_facts(f: dict, host: str) -> dict:
+    """The facts that become tags and folder names, each a plain tag part (a hostile or broken host's
+    python could answer anything)."""
+    if not isinstance(f, dict):
+        raise HostError(f"host {host!r}: its python answered {str(f)[:200]!r}, not the platform JSON object")
+    fix = f"check the host's python (hosts.{host}.base_python), or give --platform and --python-version"
+    out = {}
+    for key in ("implementation", "python_version", "abiflags", "soabi", "machine", "system", "libc", "libc_version"):
+        value = f.get(key)
+        if value in (None, ""):
+            out[key] = value
+            continue
+        pattern = PYTHON_VERSION if key == "python_version" else SOABI if key == "soabi" else TAG_PART
+        out[key] = _plain(str(value), pattern, f"host {host!r}: its platform answer {key!r}", fix)
+    if out.get("libc_version") and not re.fullmatch(r"\d+\.\d+(\.\d+)?", out["libc_version"]):
+        raise HostError(f"host {host!r}: its platform answer 'libc_version' is {out['libc_version']!r}, not N.N; {fix}")
+    return out
+
+
+def target_from_facts(f: dict, host: str = "NAME") -> Target:
     """The pip tags of the interpreter PLATFORM_SCRIPT described: every manylinux level its glibc
     runs (newest first, the legacy names too), then plain linux_<machine>."""
+    f = _checked_facts(f, host)
     impl = IMPLEMENTATIONS.get(f.get("implementation"), f.get("implementation") or "cp")
     version = str(f.get("python_version") or "")
     machine = f.get("machine") or ""
@@ -89,6 +123,10 @@ def target_from_facts(f: dict) -> Target:
 
 def target_from_options(platforms: tuple[str, ...], python_version: str, implementation: str | None,
                         abis: tuple[str, ...]) -> Target:
+    for value, option in [*((p, "--platform") for p in platforms), (python_version, "--python-version"),
+                          (implementation or "cp", "--implementation"), *((a, "--abi") for a in abis)]:
+        _plain(value, PYTHON_VERSION if option == "--python-version" else TAG_PART, option,
+               "e.g. --platform manylinux_2_28_x86_64 --python-version 3.12")
     impl = implementation or "cp"
     abis = abis or ((f"cp{python_version.replace('.', '')}",) if impl == "cp" else ())
     return Target(tuple(platforms), python_version, impl, tuple(abis))
@@ -118,7 +156,12 @@ def lock_digest(lock: Path) -> str:
 
 
 def cache_dir(logs_dir: Path, lock: Path, target: Target) -> Path:
-    return Path(logs_dir) / "wheelhouse" / f"{lock_digest(lock)}-{target.key()}"
+    """logs/wheelhouse/<lock digest>-<key>: one folder right inside the wheelhouse, whatever the tags."""
+    name = f"{lock_digest(lock)}-{target.key()}"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,200}", name) or ".." in name:
+        raise HostError(f"wheelhouse folder {name!r} is not a plain name: the platform tags {target.key()!r} "
+                        f"hold characters no wheel tag has")
+    return Path(logs_dir) / "wheelhouse" / name
 
 
 def build(lock: Path, target: Target, logs_dir: Path, out=None, timeout_s: float = 3600) -> dict:

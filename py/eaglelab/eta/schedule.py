@@ -51,6 +51,30 @@ def _progress_span(progress: dict | None, now: float) -> Span | None:
     return Span(max(eta - since, 0.0), max(low - since, 0.0), max(high - since, eta - since, 0.0), "progress")
 
 
+STUCK_MIN_S = 60.0  # a bar quiet for less than this is never called stuck (a slow item is not a stall)
+
+
+def stalled_reason(log: dict, now: float) -> str | None:
+    """Why a running run has no finish time to give, or None: its log says it is stalled, or its
+    unfinished bar has not moved for longer than even the slow end of its own estimate (the bar's
+    remaining time, counted down since its last frame, would read "finishing now, range [0, 0]"
+    for as long as it stays stuck)."""
+    if log.get("state") == "stalled":
+        return (log.get("stall") or {}).get("message") or "the log says the run is stalled"
+    progress = log.get("progress") or {}
+    n, total, seen = progress.get("n"), progress.get("total"), _epoch(progress.get("observed_at"))
+    if seen is None or n is None or total is None or n >= total:
+        return None
+    slow_end = progress.get("eta_high_s")
+    if slow_end is None:
+        slow_end = 2.0 * progress["eta_s"] if progress.get("eta_s") is not None else None
+    quiet = now - seen
+    if slow_end is None or quiet <= max(slow_end, STUCK_MIN_S):
+        return None
+    return (f"its bar has not moved for {quiet:.0f} s (at {n}/{total}), longer than the slow end of its "
+            f"estimate ({slow_end:.0f} s)")
+
+
 def run_eta(run: dict, history: History, profile: str, now: float) -> dict | None:
     """ETA of a running run: the current phase (its bar, else its history minus the time it has
     run) plus every later phase of the stage's template. None for runs that are not running.
@@ -92,8 +116,11 @@ def run_eta(run: dict, history: History, profile: str, now: float) -> dict | Non
         in_phase = max(run_elapsed - sum(p["duration_s"] for p in done), 0.0) if run_elapsed is not None else 0.0
 
     phases_out: list[dict] = [{"name": p["name"], "state": "done", "duration_s": p["duration_s"]} for p in done]
+    stuck: str | None = None
     if current in READY_PHASES or (run.get("kind") == "service" and log.get("ready")):
         current_span: Span | None = ZERO  # a service that is up: done, as far as the pipeline waits
+    elif (stuck := stalled_reason(log, now)) is not None:
+        current_span = None  # no progress: any finish time (history's "a little more" too) would be made up
     else:
         current_span = _progress_span(log.get("progress"), now)
         hist = phase_estimate(history, stage, host, profile, current) if current and current_span is None else None
@@ -132,6 +159,8 @@ def run_eta(run: dict, history: History, profile: str, now: float) -> dict | Non
     if unknown:
         out.update({"eta_s": None, "eta_low_s": None, "eta_high_s": None, "finish_at": None,
                     "source": "unknown"})
+        if stuck is not None:
+            out.update(source="stalled", reason=stuck)
     else:
         out.update(_span_fields(total, now))
     return out

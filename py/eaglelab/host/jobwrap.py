@@ -25,6 +25,10 @@ from eaglelab.model import decide_end, signal_text
 
 HEARTBEAT_S = 5.0
 ORPHAN_GRACE_S = 5.0
+# How long the end's record waits for the tailer's last state. A tailer still reading a backlog
+# then (a stage that wrote a GiB in seconds) finishes after exit.json, from where it is: the log
+# is parsed once, and the end is recorded within seconds of the exit whatever the backlog.
+TAILER_WAIT_S = 3.0
 # Every stage gets these: unbuffered Python output reaches the log as it happens, and Rich
 # (speculators' logger) would otherwise wrap metric lines at 80 columns when writing to a file.
 STAGE_ENV = {"PYTHONUNBUFFERED": "1", "COLUMNS": "1000"}
@@ -166,8 +170,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     orphans = _wait_group_gone(child.pid, ORPHAN_GRACE_S)
     stop.set()
     if follower is not None:
-        follower.join(timeout=10)  # let the tailer read the last lines before the end is recorded
-        disk.guard(_ensure_final_state, run_dir, follower)
+        follower.join(timeout=TAILER_WAIT_S)  # the last lines' state before the end, when quick
     stop_requested = (run_dir / "stop_requested").exists()
     record = {"schema": 1, "exit_code": exit_code, "signal": sig, "signal_name": signal_text(sig),
               "ended_at": utcnow_iso(ended), "duration_s": round(duration_s, 3),
@@ -181,22 +184,25 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
                                         f"free space there, then run the stage again (it resumes)"}
     exit_record.write(record)
     disk.guard(lambda: (run_dir / "heartbeat").write_text(utcnow_iso() + "\n"))
+    if follower is not None:
+        follower.join()  # a backlog: the tailer reads on to the log's end (it sees exit.json now)
+        disk.guard(_ensure_final_state, run_dir)
     log.close()
     return rc if rc >= 0 else 128 - rc
 
 
-def _ensure_final_state(run_dir: Path, follower: threading.Thread) -> None:
-    """The recorded state must cover the whole log: if the live tailer did not get there (it is
-    still busy, or died), parse what it missed here, once, before the end is recorded."""
+def _ensure_final_state(run_dir: Path) -> None:
+    """The recorded state must cover the whole log: if the tailer died before its end (a bug, a
+    full disk for its last write), parse the log here (the only case it is read twice)."""
     state = read_json(run_dir / "state.json") or {}
     try:
         size = (run_dir / "output.log").stat().st_size
     except OSError:
         return
-    if not follower.is_alive() and state.get("final") and state.get("log_bytes") == size:
+    if state.get("final") and state.get("log_bytes") == size:
         return
-    print(f"jobwrap: the tailer {'is still busy' if follower.is_alive() else 'stopped early'} "
-          f"(state covers {state.get('log_bytes')} of {size} bytes); final pass here", flush=True)
+    print(f"jobwrap: the tailer stopped early (state covers {state.get('log_bytes')} of {size} bytes); "
+          f"final pass here", flush=True)
     try:
         from .tail.run import RunFollower
         RunFollower(run_dir).finish()

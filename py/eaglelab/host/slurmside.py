@@ -92,7 +92,7 @@ def submit(work_dir: str, spec: dict, opts: dict) -> dict:
         trusted_folder(run_dir.parent, "the run directories' folder")
     except UntrustedFolder as e:
         raise SlurmCommandError(f"{spec['stage']}: {e}; nothing was submitted") from None
-    run_dir.mkdir(exist_ok=False)
+    run_dir.mkdir(exist_ok=False, mode=0o700)  # private as hostside's: slurm.out, the log, the env
     cwd = spec.get("cwd") or os.getcwd()
     meta = {"schema": 1, "run_id": run_id, "stage": spec["stage"], "host": spec.get("host", "local"),
             "profile": spec.get("profile"), "fingerprint": spec.get("fingerprint"),

@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from eaglelab.errors import EaglelabError
-from eaglelab.fsutil import utcnow_iso
+from eaglelab.fsutil import open_private_append, private_dir, utcnow_iso
 
 from .. import cron as cronlib
 from ..lab import exit_code_of
@@ -114,8 +114,10 @@ def fire(ctx: click.Context, target: str) -> None:
     lab = _lab(ctx)
     _check_target(lab, target)
     t0 = time.time()
-    cron_dir = lab.cfg.logs_dir / "cron"
-    cron_dir.mkdir(parents=True, exist_ok=True)
+    cron_dir = private_dir(lab.cfg.logs_dir / "cron")  # firings' logs: what the stages printed, private
+    out = cron_dir / "cron.out"  # cron's `>>` made it with cron's umask (0644) before the entry said umask 077
+    if out.exists() and out.stat().st_uid == os.getuid():
+        out.chmod(0o600)
     firing_id = cronlib.new_firing_id(target, t0)
     log_path = cron_dir / f"{firing_id}.log"
     click.echo(f"{utcnow_iso(t0)} firing {firing_id}: log {log_path}")  # the index line, in cron.out
@@ -194,7 +196,7 @@ def _redirect_output(log_path: Path) -> None:
     """From here on, this process's stdout and stderr (and its children's) go to the firing's log."""
     sys.stdout.flush()
     sys.stderr.flush()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = open_private_append(log_path)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

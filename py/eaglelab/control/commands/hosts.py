@@ -87,7 +87,8 @@ def wheelhouse(ctx: click.Context, host: str, platforms: tuple[str, ...], python
         target = wheels.target_from_options(platforms, python_version, implementation, abis)
     else:
         ex = _ssh_executor(lab, host, "give its platform with --platform and --python-version")
-        target = wheels.target_from_facts(wheels.host_facts(ex, venv_dir(ex.remote_python) + "/bin/python"))
+        target = wheels.target_from_facts(wheels.host_facts(ex, venv_dir(ex.remote_python) + "/bin/python"),
+                                         host)
     info = wheels.build(lock, target, lab.cfg.logs_dir, out=sys.stderr)
     click.echo(f"lab {wheels.describe(info)}")
     click.echo(f"lab wheelhouse: for {target.key()} ({' '.join(target.pip_args())}); "
@@ -102,9 +103,11 @@ def mirror(ctx: click.Context, target: str) -> None:
     lab = _lab(ctx)
     rec = lab.resolve_run(target)
     ex = lab.executor(rec["host"])
-    mirror_ = getattr(ex, "mirror", None)
+    # a Slurm host's log is mirrored from its login node when that is reached over ssh
+    mirror_ = getattr(ex, "mirror", None) or getattr(getattr(ex, "login", None), "mirror", None)
     if mirror_ is None:
-        click.echo(f"lab: {rec['id']} runs on {rec['host']} (local): its log is {rec.get('run_dir')}/output.log")
+        where = "Slurm; its login node is this machine" if ex.host.reach == "slurm" else "local"
+        click.echo(f"lab: {rec['id']} runs on {rec['host']} ({where}): its log is {rec.get('run_dir')}/output.log")
         return
     size = mirror_.sync(ex, rec["id"])
     click.echo(f"{mirror_.path(rec['host'], rec['id'])} {size} bytes")

@@ -20,11 +20,13 @@ import posixpath
 import shlex
 import stat as _stat
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 from eaglelab.config import REPO_ROOT, HostConfig
 from eaglelab.errors import HostError
+from eaglelab.fsutil import atomic_write_bytes
 
 from ..mirror import LogMirror
 from .base import Executor, HostUnreachable
@@ -46,6 +48,7 @@ def private_dir(d: Path) -> Path:
     return d
 
 
+SHORT_DIR_NOTE = "ssh-socket-dir"  # in logs/: the short socket folder chosen when the usual one was squatted
 SOCKET_MAX = 90  # sun_path is 108 bytes; ssh adds a 17-byte temporary suffix while it binds
 
 
@@ -104,7 +107,12 @@ class SshExecutor(Executor):
 
     def home(self) -> str:
         if self._home is None:
-            self._home = self.facts()["home"]
+            home = self.facts().get("home")
+            if not isinstance(home, str) or not home.startswith("/"):
+                raise HostError(f"host {self.host.name!r}: its facts answer has no home directory (home: {home!r}), "
+                                f"so no path there can be made absolute; its eaglelab is older than this one or "
+                                f"broken: run `lab sync {self.host.name}`")
+            self._home = home
         return self._home
 
     # -- the ssh command line ------------------------------------------------------------------
@@ -116,9 +124,37 @@ class SshExecutor(Executor):
         name = hashlib.sha256(key.encode()).hexdigest()[:20]
         d = self.logs_dir / "ssh"
         if len(str(d / name)) > SOCKET_MAX:  # too long for a socket: a short private folder instead
-            runtime = os.environ.get("XDG_RUNTIME_DIR")
-            d = Path(runtime) / "eaglelab-ssh" if runtime else Path(tempfile.gettempdir()) / f"eaglelab-ssh-{os.getuid()}"
+            return str(self._short_private_dir() / name)
         return str(private_dir(d) / name)
+
+    def _short_private_dir(self) -> Path:
+        """The usual short folder ($XDG_RUNTIME_DIR/eaglelab-ssh, else /tmp/eaglelab-ssh-UID); when
+        another user squatted it (made it first, a link, loose modes), a folder of a random name made
+        here (0700, ours by construction), remembered in logs/ so the next `lab` shares its masters:
+        a squatter costs the shared name, never every host."""
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        base = Path(runtime) if runtime else Path(tempfile.gettempdir())
+        usual = base / ("eaglelab-ssh" if runtime else f"eaglelab-ssh-{os.getuid()}")
+        try:
+            return private_dir(usual)
+        except (HostError, OSError) as e:
+            squatted = str(e)
+        note = self.logs_dir / SHORT_DIR_NOTE
+        try:
+            chosen = Path(note.read_text().strip())
+            if chosen.parent == base and chosen.name.startswith(f"eaglelab-ssh-{os.getuid()}-"):
+                return private_dir(chosen)
+        except (OSError, HostError):
+            pass  # none yet, or it was squatted or cleaned away too: a new one
+        chosen = Path(tempfile.mkdtemp(prefix=f"eaglelab-ssh-{os.getuid()}-", dir=base))
+        try:
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(note, str(chosen).encode() + b"\n")
+        except (OSError, HostError):
+            pass  # not remembered: this process still works, the next one makes its own
+        print(f"lab: not using {usual} for the ssh sockets ({squatted.split('; ')[0]}); using {chosen}, private",
+              file=sys.stderr, flush=True)
+        return chosen
 
     def ssh_argv(self, multiplex: bool | None = None) -> list[str]:
         """`ssh` and its options, up to (not including) the destination."""

@@ -32,6 +32,15 @@ class FileFollower:
             os.close(self._fd)
             self._fd = None
 
+    def unread(self) -> int:
+        """Bytes of the open file past our offset (0 before it is opened)."""
+        if self._fd is None:
+            return 0
+        try:
+            return max(os.fstat(self._fd).st_size - self.offset, 0)
+        except OSError:
+            return 0
+
     def read_new(self, max_bytes: int | None = None) -> Iterator[tuple[str, bytes]]:
         """Yield ('data', bytes) for what was appended, ('reset', b'') when the file started over."""
         budget = max_bytes
@@ -42,6 +51,8 @@ class FileFollower:
         if st is not None and self._ident not in (None, (st.st_dev, st.st_ino)):
             # Rotated: drain the old file through our open descriptor, then switch.
             yield from self._drain(budget)
+            if self.unread():
+                return  # the budget ran out first: the old file's rest comes at the next call
             self.close()
             self.offset, self._tail = 0, b""
             self.resets += 1

@@ -29,6 +29,9 @@ IDLE_WRITE_S = 5.0
 POLL_S = 1.0            # read the file at least this often even without a watchdog event
 HEARTBEAT_FRESH_S = 15.0
 SILENT_MAX_S = 1800.0   # a live stage that wrote nothing at all for this long is called stalled
+# At most this much log is parsed between two looks at the clock: a backlog (a stage that wrote a
+# GiB in seconds) is read in slices, with state.json written between them (each slice ~0.1-0.3 s).
+READ_SLICE = 2 << 20
 
 
 def earlier_phase_durations(run_dir: Path, limit: int = 10) -> dict[str, float]:
@@ -68,6 +71,7 @@ class RunFollower:
         self.splitter = FrameSplitter(self._line, self._frame, on_provisional=self._provisional,
                                       on_block=self._block)
         self.dirty = True
+        self.behind = False  # more of the log is waiting than the last read() took
         self.last_write = 0.0
         self.write_cost_s = 0.0
         self.writes = 0
@@ -84,10 +88,11 @@ class RunFollower:
     def _provisional(self, text: str, lineno: int) -> None:
         self.state.feed_provisional(text, lineno, self._now)
 
-    def read(self) -> int:
-        """Read what was appended; returns the number of bytes."""
+    def read(self, max_bytes: int | None = None) -> int:
+        """Read what was appended (at most max_bytes of it); returns the number of bytes.
+        `behind` says afterwards whether more is waiting in the file."""
         got = 0
-        for kind, data in self.reader.read_new():
+        for kind, data in self.reader.read_new(max_bytes):
             self._now = self.clock()
             if kind == "reset":
                 self.splitter.reset()
@@ -98,14 +103,20 @@ class RunFollower:
             self.state.lines = self.splitter.lines
             self.state.garbled = self.splitter.bad
             self.dirty = True
+        self.behind = max_bytes is not None and got >= max_bytes and self.reader.unread() > 0
         return got
 
     def snapshot(self, final: bool = False) -> dict:
         now = self.clock()
         exit_info = read_json(self.run_dir / "exit.json")
-        alive = None if exit_info else process_alive(self.run_dir, now)
+        if exit_info is not None and self.behind:
+            # ended, but its log is not read to the end yet: what was read so far, not final (a
+            # reader combines it with exit.json, as with any state written before the end)
+            exit_info, alive = None, False
+        else:
+            alive = None if exit_info else process_alive(self.run_dir, now)
         if exit_info is not None:
-            self.state.end_of_log()  # the process has exited: its log is complete
+            self.state.end_of_log()  # the process has exited and its log is read: it is complete
         snap = self.state.snapshot(now=now, alive=alive, exit_info=exit_info)
         silent = self._silent_for(now) if alive and exit_info is None and self.reader.offset == 0 else None
         if silent is not None and silent > SILENT_MAX_S and snap.get("state") == "running":
@@ -150,6 +161,7 @@ class RunFollower:
     def finish(self) -> dict:
         """Final pass: read to EOF, count the partial last line, write the final state."""
         self.read()
+        self.behind = False
         self._now = self.clock()
         self.splitter.flush()
         self.state.lines = self.splitter.lines
@@ -191,11 +203,15 @@ def process_alive(run_dir: Path, now: float) -> bool | None:
 
 
 def follow_run(run_dir: Path, stop: threading.Event, guard=None) -> None:
-    """Tail run_dir/output.log into run_dir/state.json until stop is set; then a final pass.
+    """Tail run_dir/output.log into run_dir/state.json until stop is set and the log is read to its
+    end; then a final pass.
 
-    jobwrap runs this in a thread and writes exit.json after it returns: the final state here is
-    the log's; `run_state(run_dir)` combines it with exit.json for readers. `guard(fn)` runs each
-    state write (jobwrap's: a full disk is noted, and the tailer goes on reading).
+    The log is read in slices (READ_SLICE) with state.json written between them when due, so a
+    backlog shows as progress, never as "no state file yet". jobwrap runs this in a thread; it
+    writes exit.json once this returns or after a few seconds, whichever comes first (a backlog
+    must not delay the end's record), and waits for the last state. `run_state(run_dir)` combines
+    the state with exit.json for readers. `guard(fn)` runs each state write (jobwrap's: a full
+    disk is noted, and the tailer goes on reading).
     """
     guard = guard or (lambda fn, *args: fn(*args))
     from .watch import DirWatch
@@ -209,13 +225,21 @@ def follow_run(run_dir: Path, stop: threading.Event, guard=None) -> None:
     except OSError:
         watch = None  # no inotify (e.g. out of watches): polling alone still works
     try:
-        while not stop.is_set():
-            follower.read()
+        left = None  # bytes of backlog at the stop: read that much, not what leftover writers add
+        while True:
+            if left is None and stop.is_set():  # before the read: what was written before the stop is read
+                left = follower.reader.unread()
+            got = follower.read(READ_SLICE)
+            if left is not None:
+                left -= got
+                if left <= 0 or not follower.behind:
+                    break
             write_now, timeout = follower.due()
             if write_now:
                 guard(follower.write)
-            changed.wait(max(0.0, timeout))
-            changed.clear()
+            if not follower.behind:
+                changed.wait(max(0.0, timeout))
+                changed.clear()
         guard(follower.finish)
     finally:
         if watch is not None:
