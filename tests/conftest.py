@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,12 @@ pytest_plugins = ["suite_plan"]  # xdist groups, longest first; the time by file
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = REPO / "bin" / "lab"
+
+# Started in the background of a non-interactive shell (`make test &`, a CI runner), this process and
+# every `lab` it starts would inherit SIGINT ignored, and the tests of what a Ctrl-C does would test
+# nothing (they failed that way: ci10). A handler here is reset to the default in each child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def wait_for(pred, timeout: float = 60, interval: float = 0.2):
