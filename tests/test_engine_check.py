@@ -32,7 +32,7 @@ from eaglelab.figures import engine_words
 from eaglelab.stages import engine_check
 
 REPO = Path(__file__).resolve().parents[1]
-PORT, HOOK_PORT = 8654, 8655  # serve_synth's; the webhook receiver's
+PORT = 8654  # serve_synth's in the config tests (the replay below takes free ports)
 SLOW = pytest.mark.timeout(2400)  # a drafter (8 epochs), then two labs of one vLLM start each: ~6 min idle
 
 
@@ -121,9 +121,11 @@ class Hook:
         self.server.server_close()
 
 
-def _free(port: int) -> bool:
+def _free_port() -> int:
+    """A port nobody listens on now (a fixed one may be taken by another run of the suite: no skip)."""
     with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _zero_d2t(src: Path, dst: Path) -> None:
@@ -140,9 +142,7 @@ def _zero_d2t(src: Path, dst: Path) -> None:
 @pytest.fixture(scope="module")
 def replay(tiny_data, tmp_path_factory):
     """The drafter, then the healthy and the faulty lab, each through `lab pipeline` once."""
-    for port in (PORT, HOOK_PORT):
-        if not _free(port):
-            pytest.skip(f"port {port} is in use")
+    port, hook_port = _free_port(), _free_port()
     root = tmp_path_factory.mktemp("engine_check")
     ck = root / "ck"
     foresight_data.run_stage(
@@ -160,7 +160,7 @@ def replay(tiny_data, tmp_path_factory):
     vars_ = {"model": str(tiny_data["model"]), "prompts": str(root / "prompts.jsonl"), "device": "cpu",
              "max_model_len": "1280", "seq_length": "1024", "prompt_max_tokens": "128", "synth_max_tokens": "64",
              "synth_limit": "48", "synth_concurrency": "1", "kv_cache_gib": "1"}
-    hook = Hook(HOOK_PORT)
+    hook = Hook(hook_port)
     out = {"hook": hook}
     try:
         for name, served in (("healthy", drafter), ("faulty", root / "served_faulty")):
@@ -168,7 +168,7 @@ def replay(tiny_data, tmp_path_factory):
             if name == "faulty":
                 lab.write_lab(f"notify:\n  webhooks:\n    - {{url: '{hook.url}'}}\n")
             _write_conf(lab, {"drafter": str(drafter), "served_drafter": str(served), "min_ratio": 0.6, "rows": 8,
-                              "port": PORT}, {**vars_, "data": str(root / name / "data")})
+                              "port": port}, {**vars_, "data": str(root / name / "data")})
             try:
                 p = lab.lab("pipeline", "--no-notify", check=False, timeout=1800)
                 status = lab.status()
