@@ -658,3 +658,30 @@ def test_an_interrupted_local_stop_still_kills_a_stage_that_ignores_term(tmplab)
     end = tmplab.wait_for(lambda: json.loads((rd / "exit.json").read_text()) if (rd / "exit.json").exists() else None,
                           timeout=20)
     assert (end["state"], end["signal"], end["stop_requested"]) == ("killed", signal.SIGKILL, True), end
+
+
+def test_one_status_from_a_controller_hours_ahead_never_freezes_a_live_run(tmplab):
+    """Reports used to be ordered by the controller's wall clock: one `lab status` from a controller
+    2 h ahead (faketime; a backward NTP step does the same to the others) stamped the rows 2 h in
+    the future, and every later report was "older news" until the clock caught up: progress and
+    duration frozen on the CLI and the page. Ordered by the host's own sequence, the next real report
+    updates them. (FAKETIME_DONT_FAKE_MONOTONIC: a wall clock set wrong or stepped by NTP leaves the
+    monotonic clock alone; libfaketime would otherwise move both.)"""
+    tmplab.write_pipeline(PIPELINE.replace('steps: "10"', 'steps: "40"').replace('"0.3"', '"0.15"'))
+    tmplab.lab("run", "tick", "--detach")
+    (rd,) = tmplab.run_dirs()
+
+    def done_steps() -> int:
+        st = json.loads((rd / "state.json").read_text()) if (rd / "state.json").exists() else {}
+        return ((st.get("progress") or {}).get("n") or 0) if st.get("state") == "running" else 0
+
+    tmplab.wait_for(lambda: done_steps() >= 2, timeout=30, interval=0.1)
+    ahead = subprocess.run(["faketime", "-f", "+2h", str(LAB), "status", "--json"], capture_output=True, text=True,
+                           env={**tmplab.env(), "FAKETIME_DONT_FAKE_MONOTONIC": "1"}, timeout=60, check=True)
+    (then,) = [r for r in json.loads(ahead.stdout)["runs"] if r["id"] == rd.name]
+    assert then["state"] == "running" and then["duration_s"] > 7000, then  # it did see the clock 2 h ahead
+    seen = then["log_state"]["progress"]["n"]
+    tmplab.wait_for(lambda: done_steps() >= seen + 3, timeout=30, interval=0.1)
+    now = _state(tmplab, rd.name)  # the next report, by a controller whose clock is right
+    assert now["state"] == "running" and now["log_state"]["progress"]["n"] >= seen + 3, (seen, now["log_state"])
+    assert now["duration_s"] < 600, now  # measured by this clock again, not frozen at +2 h

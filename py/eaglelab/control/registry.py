@@ -25,8 +25,10 @@ from eaglelab.fsutil import utcnow_iso
 from eaglelab.host.settle import state_of, vanished
 from eaglelab.model import ACTIVE, FINAL, RUN_FIELDS, Run, RunState
 
-# the run record's fields (eaglelab.model.Run), when written, and as of when (see supersedes)
-COLUMNS = (*RUN_FIELDS, "updated_at", "as_of")
+# the run record's fields (eaglelab.model.Run), when written, and as of when (see supersedes): as_of by
+# this machine's clock, host_seq by the host's own (its boot and monotonic clock: hostside.host_seq)
+COLUMNS = (*RUN_FIELDS, "updated_at", "as_of", "host_seq")
+STAMPS = ("updated_at", "as_of", "host_seq")  # when a row was heard, not what it says
 
 
 def _column_type(tp: Any) -> str:
@@ -40,7 +42,8 @@ def _column_type(tp: Any) -> str:
 
 _HINTS = get_type_hints(Run)
 _KEYS = {"id": "TEXT PRIMARY KEY", "stage": "TEXT NOT NULL", "host": "TEXT NOT NULL", "state": "TEXT NOT NULL"}
-RUN_COLUMNS = {c: _KEYS.get(c) or _column_type(_HINTS[c]) for c in RUN_FIELDS} | {"updated_at": "TEXT", "as_of": "REAL"}
+RUN_COLUMNS = ({c: _KEYS.get(c) or _column_type(_HINTS[c]) for c in RUN_FIELDS}
+               | {"updated_at": "TEXT", "as_of": "REAL", "host_seq": "TEXT"})
 # columns that a registry made by an older release may lack: every one but the keys (ALTER TABLE adds them)
 ADDED_COLUMNS = {c: decl for c, decl in RUN_COLUMNS.items() if c not in _KEYS}
 JSON_COLUMNS = tuple(c for c in RUN_FIELDS if (get_origin(_HINTS[c]) in (Union, types.UnionType)
@@ -150,8 +153,9 @@ class Registry:
 
     def upsert_many(self, runs: list[dict], as_of: float | None = None) -> None:
         """Write runs as a host reported them at `as_of` (this machine's clock when the report was
-        asked for; default now). A row that would move a run backwards is left as stored: see
-        supersedes. Observers hear of the rows written only."""
+        asked for; default now) and `host_seq` (each run's own, the host's clock: it decides). A row
+        that would move a run backwards is left as stored: see supersedes. Observers hear of the
+        rows written only."""
         now = utcnow_iso()
         as_of = time.time() if as_of is None else as_of
         rows = []
@@ -176,8 +180,9 @@ class Registry:
                            [_encoded(row) for _, row in kept])
             # the same end heard again is still news as of then: a report asked for earlier stays older
             written = {row["id"] for _, row in kept}
-            db.executemany("UPDATE runs SET as_of = ?, updated_at = ? WHERE id = ?",
-                           [(row["as_of"], row["updated_at"], row["id"]) for _, row in ok if row["id"] not in written])
+            db.executemany("UPDATE runs SET as_of = ?, updated_at = ?, host_seq = COALESCE(?, host_seq) WHERE id = ?",
+                           [(row["as_of"], row["updated_at"], row["host_seq"], row["id"])
+                            for _, row in ok if row["id"] not in written])
         if self.observers and kept:
             changes = [(before.get(row["id"]), {**r, "id": row["id"], "state": row["state"]}) for r, row in kept]
             for observe in self.observers:
@@ -244,7 +249,8 @@ class Registry:
         """The live runs (pending/running) the registry has on `host` that the host's report, asked
         for at `asked_at`, lacks although their directory is in the folder it read (`runs_dir`): the
         directory vanished, or is listed in `bad_runs` (unreadable). [(row, why)]. Rows written after
-        the report was asked for (a launch a moment ago) are not judged by it."""
+        the report was asked for (a launch a moment ago) are not judged by it: by the host's clock
+        when both carry it (`host_seq`), else by this machine's."""
         root = report.get("runs_dir")
         if not root:
             return []  # an older host: it does not say what it read
@@ -259,7 +265,10 @@ class Registry:
         for row in live:
             if row["id"] in ids or not row.get("run_dir"):
                 continue
-            if str(Path(row["run_dir"]).parent) != root or (row.get("as_of") or 0) > asked_at:
+            if str(Path(row["run_dir"]).parent) != root:
+                continue
+            seen, read = _seq(row.get("host_seq")), _seq(report.get("host_seq"))
+            if (seen[1] > read[1] if seen and read and seen[0] == read[0] else (row.get("as_of") or 0) > asked_at):
                 continue
             why = bad.get(row["run_dir"]) or f"its run directory {row['run_dir']} is gone"
             out.append((row, why))
@@ -345,8 +354,13 @@ def supersedes(stored: dict | None, incoming: dict) -> bool:
       - an ended run (completed, failed, killed) is never set back to pending/running: that row is
         a stale report, written late. The one exception is a new attempt of a requeued Slurm job
         (its restart_count grew), which really runs again;
-      - a row from a report asked for before the stored one's is older news and is left out,
-        unless it is the run's end over a stored active state (an end is news in any order).
+      - a row from a report read before the stored one's is older news and is left out, unless it
+        is the run's end over a stored active state (an end is news in any order). "Before" is the
+        host's own order (`host_seq`: its boot and monotonic clock, stamped where the run was read),
+        never a wall clock: one report from a controller two hours ahead, or a wall clock stepped
+        back, would otherwise freeze every live run's progress until the clock caught up. A row the
+        host stamped replaces an unstamped one (a launch record) and is never replaced by one;
+        only between unstamped rows (a host of an older release) does this machine's `as_of` decide.
     """
     if stored is None:
         return True
@@ -355,15 +369,28 @@ def supersedes(stored: dict | None, incoming: dict) -> bool:
         return _restarts(incoming) > _restarts(stored)
     if old in ACTIVE and new in FINAL:
         return True
+    seen, heard = _seq(stored.get("host_seq")), _seq(incoming.get("host_seq"))
+    if seen and heard:  # another boot: the host rebooted since the stored row was read, so this is later
+        return heard[0] != seen[0] or heard[1] >= seen[1]
+    if seen or heard:
+        return heard is not None
     stored_at, asked_at = stored.get("as_of"), incoming.get("as_of")
     return stored_at is None or asked_at is None or asked_at >= stored_at
+
+
+def _seq(stamp: Any) -> tuple[str, int] | None:
+    """(boot id, monotonic ns) from a host_seq stamp (hostside.host_seq), None when absent or malformed."""
+    if not isinstance(stamp, str):
+        return None
+    boot, _, ns = stamp.rpartition(":")
+    return (boot, int(ns)) if boot and ns.isdigit() else None
 
 
 def _same_end(stored: dict | None, row: dict) -> bool:
     """An ended run reported again exactly as stored: nothing to write (a refresh of a host with 50
     finished runs rewrote 50 rows of JSON, ~40% of `lab status`'s own CPU) and nothing to observe."""
     return (stored is not None and stored.get("state") in FINAL
-            and all(stored.get(c) == row.get(c) for c in COLUMNS if c not in ("updated_at", "as_of")))
+            and all(stored.get(c) == row.get(c) for c in COLUMNS if c not in STAMPS))
 
 
 def _encoded(row: dict) -> dict:

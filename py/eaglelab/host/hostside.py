@@ -154,9 +154,23 @@ def run_processes(pgid: int | None, run_dir: Path) -> list[int]:
     return found
 
 
+def host_seq() -> str | None:
+    """Where this host is in its own time, as `BOOT_ID:MONOTONIC_NS`: a record stamped with it is news
+    as of no earlier than that moment. Within one boot the monotonic clock only goes forward, whatever
+    a wall clock (this host's or the controller's) does, so the registry orders two reports of a run by
+    it (`registry.supersedes`), never by a wall clock. None where the kernel does not say its boot."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    return f"{boot}:{time.monotonic_ns()}" if boot else None
+
+
 def read_run(run_dir: Path, now: float | None = None, slurm: SlurmWord | None = None) -> dict:
     """One run's record from its directory: the facts gathered here, the state decided by
-    eaglelab.host.settle (docs/operations.md has the table). slurm: Slurm's word on its job."""
+    eaglelab.host.settle (docs/operations.md has the table). slurm: Slurm's word on its job.
+    `host_seq`: this host's clock before anything was read (a report stamps its runs with its own)."""
+    seq = host_seq()
     now = now or time.time()
     _ours(run_dir)
     meta = _checked(run_dir / "meta.json", Meta)
@@ -175,6 +189,7 @@ def read_run(run_dir: Path, now: float | None = None, slurm: SlurmWord | None = 
         "run_dir": str(run_dir), "pid": meta.get("pid"), "pgid": meta.get("pgid"),
         "jobwrap_pid": meta.get("jobwrap_pid"), "command": meta.get("command"),
         "started_at": meta.get("started_at"), "heartbeat_at": None, "stop_requested": stop_requested,
+        "host_seq": seq,
     }
     try:
         rec["heartbeat_at"] = utcnow_iso((run_dir / "heartbeat").stat().st_mtime)
@@ -359,20 +374,22 @@ def report(work_dir: str, stage: str | None = None) -> dict:
     cannot be read is listed in `bad_runs` with what is wrong, and the others are reported.
     `runs_dir`: the folder read, so that a run the controller knows there and the report lacks is
     known to be missing from it (its directory vanished), not merely elsewhere."""
+    seq = host_seq()  # before anything is read: every run below is as of no earlier than this
     root = runs_dir(work_dir)
     runs, bad = [], []
     if root.is_dir():
         for d in sorted(root.iterdir()):
             if d.is_dir() and not d.name.startswith(".") and (stage is None or d.name.startswith(stage + "-")):
                 try:
-                    runs.append(read_run(d))
+                    runs.append({**read_run(d), "host_seq": seq})
                 except BadRecord as e:
                     bad.append({"run_dir": str(d), "error": str(e)})
     devices = gpus()
     if devices:
         mark_gpu_holders(devices, runs)
     return {"schema": 1, "runs": runs, "bad_runs": bad, "gpus": devices, "checked_at": utcnow_iso(),
-            "free_disk_bytes": free_disk(work_dir), "load": list(os.getloadavg()), "runs_dir": str(root)}
+            "free_disk_bytes": free_disk(work_dir), "load": list(os.getloadavg()), "runs_dir": str(root),
+            "host_seq": seq}
 
 
 def stop(work_dir: str, run_id: str, grace_s: float = 30.0) -> dict:

@@ -367,6 +367,7 @@ def read_run(run_dir: Path, sl: dict | None, slurm_error: str | None = None) -> 
 def report(work_dir: str, stage: str | None = None) -> dict:
     """Every run under work_dir with Slurm's word on each: one squeue for all, scontrol/sacct only
     for jobs that left the queue and whose end is not recorded yet."""
+    seq = hostside.host_seq()  # before Slurm is asked: every run below is as of no earlier than this
     root = hostside.runs_dir(work_dir)
     dirs = []
     if root.is_dir():
@@ -393,11 +394,12 @@ def report(work_dir: str, stage: str | None = None) -> dict:
                 if sl is not None and sl.get("slurm_state") in END_STATES:
                     atomic_write_json(d / "slurm_end.json", {**sl, "schema": 1, "recorded_at": utcnow_iso()})
         try:
-            runs.append(read_run(d, sl, error))
+            runs.append({**read_run(d, sl, error), "host_seq": seq})
         except BadRecord as e:
             bad.append({"run_dir": str(d), "error": str(e)})
     return {"schema": 1, "runs": runs, "bad_runs": bad, "gpus": None, "checked_at": utcnow_iso(),
-            "free_disk_bytes": machine.free_disk(work_dir), "slurm_error": error, "runs_dir": str(root)}
+            "free_disk_bytes": machine.free_disk(work_dir), "slurm_error": error, "runs_dir": str(root),
+            "host_seq": seq}
 
 
 # -- stop ---------------------------------------------------------------------------------------
