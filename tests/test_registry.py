@@ -215,3 +215,21 @@ def test_an_ended_run_reported_again_unchanged_is_not_written_again(tmp_path):
     reg.upsert_many([{**done, "log_state": {**done["log_state"], "adopted": True}}], as_of=3.0)
     assert stamps()["train-1"] == 3.0 and reg.get("train-1")["log_state"]["adopted"] is True
     assert reg.get("train-1")["log_state"]["progress"]["history"] == [[0.0, 0], [4.0, 4]]
+
+
+def test_reports_are_ordered_by_the_hosts_sequence_not_a_wall_clock(tmp_path):
+    """host_seq (boot id : monotonic ns, stamped on the host) decides which report is later; the
+    controller's as_of only between rows a host did not stamp (an older release)."""
+    reg = Registry(tmp_path / "r.sqlite")
+    progress = lambda n, seq, as_of: reg.upsert(_run("running", log_state={"progress": {"n": n}}, host_seq=seq), as_of=as_of)
+    reg.upsert(_run("pending"), as_of=1e12)  # a launch record from a controller far ahead: unstamped
+    progress(1, "boot-a:100", as_of=1.0)
+    assert reg.get("s-1")["log_state"]["progress"]["n"] == 1  # a stamped row replaces an unstamped one
+    progress(2, "boot-a:200", as_of=9e12)  # a controller hours ahead
+    progress(3, "boot-a:300", as_of=5.0)   # the next report, by a right clock: later on the host
+    assert reg.get("s-1")["log_state"]["progress"]["n"] == 3
+    progress(0, "boot-a:250", as_of=1e13)  # read earlier on the host, written last: older news
+    reg.upsert(_run("pending"), as_of=1e13)  # unstamped: never replaces what the host stamped
+    assert (reg.get("s-1")["state"], reg.get("s-1")["log_state"]["progress"]["n"]) == ("running", 3)
+    progress(4, "boot-b:5", as_of=1.0)  # the host rebooted since: its word is news
+    assert reg.get("s-1")["log_state"]["progress"]["n"] == 4
