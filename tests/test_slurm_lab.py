@@ -213,6 +213,43 @@ def test_requeued_stage_runs_again_in_its_run_dir(slab, cluster):
     assert len(slab.run_dirs()) == 1
 
 
+def test_a_second_start_of_the_same_job_is_an_attempt_and_refused_when_the_profile_says_so(slab, cluster):
+    """When slurmctld restarts without its saved state, Slurm starts the same job id again with a
+    restart count of 0: the stage ran a second time while the run showed restart 0. Modelled here
+    by starting the job's own batch script (job.sh) a second time on its run directory with the same
+    job id and no restart count, as Slurm does (restarting slurmctld without its state takes
+    minutes). Each start is an attempt: `requeue: allow` runs it again, the earlier attempt's files
+    kept in attempt-0/, `attempts 2` in `lab status`; `requeue: refuse` exits at once, runs nothing,
+    and says why (in Slurm's output and `lab status`)."""
+    slab.write_stages({"again": tick(3, 0.1), "once": tick(3, 0.1, requeue="refuse")})
+    slab.lab("run", "again", "once")
+    firsts = {r["stage"]: r for r in slab.runs()}
+    for stage in ("again", "once"):
+        first = firsts[stage]
+        assert (first["state"], first["attempts"]) == ("completed", 1), first
+        rd = Path(first["run_dir"])
+        env = {**slab.env(), "SLURM_JOB_ID": first["slurm"]["job_id"]}
+        env.pop("SLURM_RESTART_COUNT", None)
+        second = subprocess.run(["sh", str(rd / "job.sh")], env=env, capture_output=True, text=True, timeout=60)
+        run = slab.run_of(stage)
+        assert run["state"] == "completed" and run["attempts"] == 2 and run["slurm"]["restart_count"] == 0, run
+        meta = json.loads((rd / "meta.json").read_text())
+        if stage == "again":
+            assert second.returncode == 0, second.stderr
+            assert b"tick: done" in (rd / "attempt-0" / "output.log").read_bytes()  # the first attempt's log, kept
+            assert (rd / "output.log").read_bytes().count(b"tick: done") == 1  # the second's own
+            assert json.loads((rd / "exit.json").read_text())["attempt"] == 2
+            assert (meta["attempt"], meta["attempts"][0]["ended"]) == (2, "completed")
+            assert run["refused_start"] is None
+        else:
+            assert second.returncode == 3 and "requeue: refuse" in second.stderr, second.stderr
+            assert (rd / "output.log").read_bytes().count(b"tick: done") == 1 and not (rd / "attempt-0").exists()
+            assert "restart count of 0" in run["refused_start"] and "nothing was run" in run["refused_start"], run
+    table = subprocess.run([str(REPO / "bin" / "lab"), "status"], env={**slab.env(), "COLUMNS": "200"},
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "attempts 2" in table and "attempts 2 (refused)" in table and "requeue: refuse" in table, table
+
+
 def test_slurm_controller_killed_mid_run_and_restarted_reattaches(slab, cluster):
     slab.write_stages({"t": tick(60, 0.5)})
     waiter = subprocess.Popen([str(REPO / "bin" / "lab"), "run", "t"], env=slab.env(),

@@ -57,8 +57,16 @@ class SlurmOptions(_Strict):
     gpus: int | None = None  # GPUs per node (default: the stage's `gpus`)
     gpu_flag: Literal["gres", "gpus"] | None = None  # --gres=gpu:N (default) or --gpus-per-node=N
     nodes: int | None = None  # >1: srun + torchrun over the nodes, rendezvous on the first
-    requeue: bool | None = None  # preempted/failed node: Slurm requeues, the stage resumes (default yes)
+    # allow (or yes): a preempted job or a failed node is requeued (sbatch --requeue) and the stage runs
+    # again in its run directory, each start counted (`attempts`); refuse (or no): --no-requeue, and a
+    # start Slurm makes anyway (slurmctld restarted without its state) exits at once, running nothing
+    requeue: Literal["allow", "refuse"] | None = None
     extra_args: list[str] = []  # more sbatch options, one argv item each ("--constraint=a100")
+
+    @field_validator("requeue", mode="before")
+    @classmethod
+    def _requeue_words(cls, v):
+        return {True: "allow", False: "refuse"}.get(v, v) if isinstance(v, bool) else v
 
     @field_validator("extra_args")
     @classmethod
@@ -77,7 +85,7 @@ class SlurmOptions(_Strict):
 
 
 class SlurmHostConfig(SlurmOptions):
-    requeue: bool | None = True
+    requeue: Literal["allow", "refuse"] | None = "allow"
 
 
 class HostConfig(_Strict):

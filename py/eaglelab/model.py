@@ -75,6 +75,9 @@ class Meta(TypedDict, total=False):
     jobwrap_pid: int | None
     pid: int | None
     pgid: int | None
+    attempt: int          # which start of this run directory (1; more when Slurm requeued the job)
+    attempts: list[dict[str, Any]]  # the earlier starts: {attempt, started_at, jobwrap_pid, pid, ended, ended_at}
+    refused_starts: list[dict[str, Any]]  # starts refused by `requeue: refuse`: {at, job_id, restart_count, message}
 
 
 class Exit(TypedDict, total=False):
@@ -93,6 +96,7 @@ class Exit(TypedDict, total=False):
     failure: dict[str, Any] | None  # what jobwrap itself saw (disk_full), when the log could not say it
     outputs_done: str | None  # written in the lost wrapper's place: the outputs' manifests of this run
     recorded_by: str | None   # who wrote it when jobwrap could not (`lab stop`, a report)
+    attempt: int | None       # the start of the run directory this end belongs to (meta.json's)
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,8 @@ class Run:
     orphans: bool = False    # processes of the stage's group outlived its end
     end_unknown: str | None = None  # exit.json there but unreadable: ended, how unknown (never rerun unasked)
     stop_requested: bool = False    # `lab stop` asked for its end ("(stop requested)" beside it)
+    attempts: int | None = None     # starts of its run directory (refused ones too): 2+ = Slurm ran it again
+    refused_start: str | None = None  # why the latest start was refused (`requeue: refuse`), if one was
     log_state: dict[str, Any] | None = None
     log_size: int | None = None
     slurm: dict[str, Any] | None = None

@@ -353,7 +353,7 @@ def supersedes(stored: dict | None, incoming: dict) -> bool:
     order their round trips end, so:
       - an ended run (completed, failed, killed) is never set back to pending/running: that row is
         a stale report, written late. The one exception is a new attempt of a requeued Slurm job
-        (its restart_count grew), which really runs again;
+        (its restart_count or its host-counted `attempts` grew), which really runs again;
       - a row from a report read before the stored one's is older news and is left out, unless it
         is the run's end over a stored active state (an end is news in any order). "Before" is the
         host's own order (`host_seq`: its boot and monotonic clock, stamped where the run was read),
@@ -405,7 +405,8 @@ def _restarts(run: dict) -> int:
         except ValueError:
             slurm = None
     count = slurm.get("restart_count") if isinstance(slurm, dict) else None
-    return count if isinstance(count, int) else 0
+    starts = run.get("attempts")  # counted on the host: a requeue Slurm did not count (restart 0) too
+    return max(count if isinstance(count, int) else 0, starts - 1 if isinstance(starts, int) else 0)
 
 
 def ensure_schema(db: sqlite3.Connection, schema: str, added_columns: dict[str, dict[str, str]] | None = None) -> None:

@@ -212,6 +212,8 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
             detail += " +orphans"
         if r.get("orphaned"):  # its jobwrap was killed; the stage runs on, unsupervised
             detail += " orphaned"
+        if (r.get("attempts") or 1) > 1:  # Slurm started its run directory again (requeued)
+            detail += f" attempts {r['attempts']}" + (" (refused)" if r.get("refused_start") else "")
         style = STATE_STYLE.get(state, "")
         prog, eta = progress_text(r), stage_eta_text(s, r)
         if wide:
@@ -226,6 +228,9 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
                      esc(r.get("id", "")) + (f"\n{esc(below)}" if below else "")]
         table.add_row(*cells)
     console.print(table)
+    for r in runs.values():  # a start Slurm made again and `requeue: refuse` turned away: say why
+        if r.get("refused_start") and r.get("id") in {s["latest_run"] for s in st["stages"]}:
+            console.print(esc(f"{r['id']}: {r['refused_start']}"), style="yellow", soft_wrap=True)
     for line in slurm_queue_lines(st, runs):
         console.print(line, markup=False, highlight=False)
     for u in st.get("services") or []:  # idle services hold their host (and its GPUs) for nothing

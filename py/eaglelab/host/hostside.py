@@ -189,7 +189,7 @@ def read_run(run_dir: Path, now: float | None = None, slurm: SlurmWord | None = 
         "run_dir": str(run_dir), "pid": meta.get("pid"), "pgid": meta.get("pgid"),
         "jobwrap_pid": meta.get("jobwrap_pid"), "command": meta.get("command"),
         "started_at": meta.get("started_at"), "heartbeat_at": None, "stop_requested": stop_requested,
-        "host_seq": seq,
+        "host_seq": seq, **_attempts(meta),
     }
     try:
         rec["heartbeat_at"] = utcnow_iso((run_dir / "heartbeat").stat().st_mtime)
@@ -224,6 +224,15 @@ def read_run(run_dir: Path, now: float | None = None, slurm: SlurmWord | None = 
     except OSError:
         rec["log_size"] = 0
     return rec
+
+
+def _attempts(meta: dict) -> dict:
+    """How often the run directory was started (jobwrap's `attempt`, plus the starts `requeue: refuse`
+    turned away) and why the latest refused one was: a second start is never silent."""
+    refused = [r for r in meta.get("refused_starts") or [] if isinstance(r, dict)]
+    started = meta.get("attempt") if isinstance(meta.get("attempt"), int) else (1 if meta.get("started_at") else 0)
+    return {"attempts": (started + len(refused)) or None,
+            "refused_start": refused[-1].get("message") if refused else None}
 
 
 def _without_wrapper(run_dir: Path, meta: dict, live: Liveness, end_unknown: str | None, now: float) -> Liveness:

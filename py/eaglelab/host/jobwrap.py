@@ -94,6 +94,39 @@ class DiskFull:
             # any other write error of a side file is not worth the stage's record either
 
 
+# A run's files of one start: moved to attempt-N/ when its run directory is started again.
+ATTEMPT_FILES = ("output.log", "state.json", "exit.json", "heartbeat")
+
+
+def begin_attempt(run_dir: Path, meta: dict) -> dict:
+    """meta for this start of run_dir. A run directory is started once, except by Slurm: it requeues
+    a preempted job (SLURM_RESTART_COUNT grows) and, when slurmctld restarts without its saved
+    state, the same job id again with a count of 0. Every start after the first is an attempt of
+    its own: the earlier one is recorded in `attempts` (when it started, how it ended: None when
+    its end was never recorded) and its files move to attempt-N/ (N = its attempt - 1), so its
+    exit.json cannot pass for this start's end and `lab status` counts the starts."""
+    meta = dict(meta)
+    if not meta.get("started_at"):
+        meta["attempt"] = 1
+        return meta
+    n = meta.get("attempt") if isinstance(meta.get("attempt"), int) else 1
+    dest = run_dir / f"attempt-{n - 1}"
+    end = read_json(run_dir / "exit.json") or read_json(dest / "exit.json")
+    end = end if isinstance(end, dict) else {}
+    earlier = {"attempt": n, "started_at": meta.get("started_at"), "jobwrap_pid": meta.get("jobwrap_pid"),
+               "pid": meta.get("pid"), "ended": end.get("state"), "ended_at": end.get("ended_at")}
+    dest.mkdir(exist_ok=True)
+    for name in ATTEMPT_FILES:
+        if (run_dir / name).exists():
+            os.replace(run_dir / name, dest / name)
+    meta["attempts"] = [*(meta.get("attempts") or []), earlier]
+    meta["attempt"] = n + 1
+    print(f"jobwrap: {run_dir.name}: start {n + 1} of this run directory (the earlier one started "
+          f"{earlier['started_at']}, ended {earlier['ended'] or 'unrecorded'}; its files are in {dest.name}/)",
+          file=sys.stderr, flush=True)
+    return meta
+
+
 def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     meta = read_json(run_dir / "meta.json") or {}
@@ -105,6 +138,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
         return 75  # EX_TEMPFAIL
     disk = DiskFull()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup, also when not started through nohup
+    meta = begin_attempt(run_dir, meta)  # before the log is opened: a second start's earlier files move
 
     env = dict(os.environ)
     env.update(STAGE_ENV)
@@ -176,7 +210,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
               "ended_at": utcnow_iso(ended), "duration_s": round(duration_s, 3),
               "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
               "state": end_state(exit_code, sig, stop_requested), "stop_requested": stop_requested,
-              "orphans": orphans}
+              "orphans": orphans, "attempt": meta["attempt"]}
     if disk.seen_at and record["state"] == "failed":
         # the log may lack the stage's own "No space left" (it could not be written either)
         record["failure"] = {"reason": "disk_full", "line": None, "process": None,

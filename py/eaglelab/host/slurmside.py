@@ -38,6 +38,7 @@ MASTER_PORT_BASE = 29500
 HEARTBEAT_STALE_S = 30.0
 
 # Slurm's states and what they mean for a run: eaglelab.host.settle (the one place a run's state is decided).
+REFUSED_RC = 3  # the exit status of a start that `requeue: refuse` turned away
 ATTEMPT_FILES = ("output.log", "state.json", "exit.json", "heartbeat", "jobwrap.log", "slurm_alloc.json")
 
 
@@ -79,9 +80,15 @@ def sbatch_argv(opts: dict, run_id: str, run_dir: Path, cwd: str) -> list[str]:
     if g:
         # --gres counts per node on every Slurm; --gpus-per-node needs cons_tres (opt in with gpu_flag: gpus)
         argv.append(f"--gpus-per-node={g}" if opts.get("gpu_flag") == "gpus" else f"--gres=gpu:{g}")
-    argv.append("--requeue" if opts.get("requeue", True) else "--no-requeue")
+    argv.append("--no-requeue" if requeue_policy(opts) == "refuse" else "--requeue")
     argv += [str(a) for a in opts.get("extra_args") or []]
     return argv
+
+
+def requeue_policy(opts: dict) -> str:
+    """allow | refuse (config's `requeue:`; a bool of an older config: yes is allow)."""
+    v = opts.get("requeue", "allow")
+    return "refuse" if v is False or v == "refuse" else "allow"
 
 
 def submit(work_dir: str, spec: dict, opts: dict) -> dict:
@@ -105,7 +112,8 @@ def submit(work_dir: str, spec: dict, opts: dict) -> dict:
     os.close(os.open(run_dir / "slurm_job.json", os.O_WRONLY | os.O_CREAT, 0o600))
     atomic_write_json(run_dir / "slurm_job.json", {
         "schema": 1, "command": list(spec["command"]), "cwd": cwd, "env": spec.get("env") or {},
-        "python": python, "nodes": int(opts.get("nodes") or 1), "gpus_per_node": gpus_per_node(opts)})
+        "python": python, "nodes": int(opts.get("nodes") or 1), "gpus_per_node": gpus_per_node(opts),
+        "requeue": requeue_policy(opts)})
     script = run_dir / "job.sh"
     script.write_text("#!/bin/sh\n# eaglelab: runs jobwrap inside the allocation (see eaglelab/host/slurmside.py)\n"
                       f"PYTHONPATH={shlex.quote(pkg_path)}${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH\n"
@@ -147,15 +155,31 @@ def distributed_command(command: list[str], nnodes: int, gpus: int, master: str,
             "--rdzv-backend=c10d", f"--rdzv-endpoint={master}:{port}", f"--rdzv-id=eaglelab-{job_id}", *rest]
 
 
-def rotate_attempt(run_dir: Path, restarts: int) -> None:
-    """A requeued job starts again in the same run directory: keep the earlier attempt's files."""
-    if restarts <= 0 or not (run_dir / "output.log").exists():
+def rotate_attempt(run_dir: Path, earlier: int) -> None:
+    """A requeued job starts again in the same run directory: keep the files of the earlier attempt
+    (its number: 1 for the first start) under attempt-<earlier - 1>/."""
+    if earlier <= 0:
         return
-    dest = run_dir / f"attempt-{restarts - 1}"
+    dest = run_dir / f"attempt-{earlier - 1}"
     dest.mkdir(exist_ok=True)
     for name in ATTEMPT_FILES:
         if (run_dir / name).exists():
             os.replace(run_dir / name, dest / name)
+
+
+def _refuse_start(rd: Path, meta: dict, job_id: str, restarts: int, earlier: int) -> int:
+    """`requeue: refuse`: a start of a run directory that was started before runs nothing. Said on
+    stderr (Slurm's output file) and recorded in meta.json's `refused_starts` (`lab status` shows it)."""
+    how = ("Slurm requeued it with a restart count of 0 (slurmctld restarted without its saved state?)"
+           if restarts == 0 else f"Slurm requeued it (restart count {restarts})")
+    message = (f"start {earlier + len(meta.get('refused_starts') or []) + 1} of run {rd.name} (Slurm job {job_id}) "
+               f"refused: it already started at {meta.get('started_at')} and {how}, but its stage's slurm "
+               f"setting is requeue: refuse; nothing was run. Look at the first attempt (`lab logs {rd.name}`), "
+               f"then `lab run {meta.get('stage')} --force` for a new run, or set requeue: allow")
+    print(f"eaglelab: {message}", file=sys.stderr, flush=True)
+    entry = {"at": utcnow_iso(), "job_id": job_id, "restart_count": restarts, "message": message}
+    atomic_write_json(rd / "meta.json", {**meta, "refused_starts": [*(meta.get("refused_starts") or []), entry]})
+    return REFUSED_RC
 
 
 def inalloc(run_dir: str) -> int:
@@ -168,7 +192,12 @@ def inalloc(run_dir: str) -> int:
     env = os.environ
     job_id = env.get("SLURM_JOB_ID", "")
     restarts = int(env.get("SLURM_RESTART_COUNT") or 0)
-    rotate_attempt(rd, restarts)
+    meta = read_json(rd / "meta.json") or {}
+    if meta.get("started_at"):  # started before: Slurm requeued it (a restart count of 0 too: a slurmctld
+        earlier = meta.get("attempt") if isinstance(meta.get("attempt"), int) else 1  # that lost its state)
+        if job.get("requeue") == "refuse":
+            return _refuse_start(rd, meta, job_id, restarts, earlier)
+        rotate_attempt(rd, earlier)  # jobwrap records the attempt (eaglelab.host.jobwrap.begin_attempt)
     nodelist = env.get("SLURM_JOB_NODELIST", "")
     nodes = hostnames(nodelist) if nodelist else []
     nnodes = int(env.get("SLURM_JOB_NUM_NODES") or len(nodes) or 1)
