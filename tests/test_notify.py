@@ -293,3 +293,34 @@ def test_log_text_is_inert_in_slack_mrkdwn(tmplab):
     assert "&lt;!channel&gt; see &lt;http://evil.example|the fix&gt; &amp; @\u200bhere" in words, texts
     assert "<!" not in words and "<http://evil" not in words and "@here" not in words
     assert texts[2].endswith("<http://127.0.0.1:8765/?a=1&amp;b=2|status page>"), texts[2]
+
+
+def test_a_registry_deleted_under_a_following_lab_run_is_rebuilt_in_place_and_no_event_is_lost(hooked):
+    """`rm logs/registry.sqlite` while `lab run` follows a stage: the follower used to exit 2 (no
+    such table), and the run's end, heard by nobody, sent no webhook. The registry is rebuilt in
+    place (the live runs this process knew kept, the hosts fill in the rest), the follower carries
+    on to the end, and the end is news: one `completed` webhook."""
+    lab, receiver = hooked
+    lab.write_pipeline("""\
+        stages:
+          longer:
+            host: local
+            command: ["${python}", "-m", "eaglelab.stages.tick", "--steps", "30", "--delay", "0.1"]
+        """)
+    follower = subprocess.Popen([str(REPO / "bin" / "lab"), "run", "longer"], env=lab.env(), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        state = lambda: next(iter(lab.work.glob("runs/*/state.json")), None)
+        lab.wait_for(lambda: (s := state()) and ((json.loads(s.read_text()).get("progress") or {}).get("n") or 0) >= 3,
+                     timeout=30, interval=0.05)
+        (lab.logs / "registry.sqlite").unlink()  # as a person would: its -wal and -shm stay behind
+        out, err = follower.communicate(timeout=90)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0 and "Traceback" not in err, out + err
+    assert "rebuilt in place" in err, err
+    (run,) = lab.runs("longer")
+    assert run["state"] == "completed", run
+    assert notifications(lab) == [("completed", "longer")]
+    got = lab.wait_for(lambda: receiver.json("/g"), timeout=30)
+    assert [(g["event"], g["run_id"]) for g in got] == [("completed", run["id"])]

@@ -232,15 +232,19 @@ class Notifier:
         ensure_schema(self.db_path)
 
     def on_changes(self, changes: list[tuple[dict | None, dict]]) -> None:
+        news = [(event, run) for before, run in changes for event in events_for(before, run)]
+        if not news:
+            return
+        ensure_schema(self.db_path)  # the outbox again, if the registry was deleted and rebuilt in place
         queued = False
-        for before, run in changes:
-            for event in events_for(before, run):
-                payload = stage_payload(event, run, self.cfg.status_url, time.time())
-                queued |= enqueue(self.db_path, f"{run['id']}:{event}", payload, self.cfg.webhooks)
+        for event, run in news:
+            payload = stage_payload(event, run, self.cfg.status_url, time.time())
+            queued |= enqueue(self.db_path, f"{run['id']}:{event}", payload, self.cfg.webhooks)
         if queued:
             self.kick()
 
     def send(self, key: str, payload: dict) -> bool:
+        ensure_schema(self.db_path)
         fresh = enqueue(self.db_path, key, payload, self.cfg.webhooks)
         if fresh:
             self.kick()

@@ -8,6 +8,7 @@ transaction. It is a cache of the hosts' run directories (the hosts are the sour
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -104,10 +105,15 @@ class Registry:
         # Callbacks given [(run as the registry knew it or None, run as now reported)] after each
         # write; notify.py uses this to see runs change state.
         self.observers: list[Callable[[list[tuple[dict | None, dict]]], None]] = []
+        # The live runs (pending/running) this process has read or written, as stored: what a registry
+        # deleted under it is rebuilt with, so that their ends are still news (see _rebuild_in_place).
+        self._live: dict[str, dict] = {}
+        self._ino: int | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():  # private: it holds commands, paths and the webhooks' outbox
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
         try:
+            if not self.path.exists():  # made under the rebuild's lock, without a deleted one's -wal
+                self._rebuild_in_place(quiet=True)
+            self._ino = os.stat(self.path).st_ino
             with self._connect() as db:
                 ensure_schema(db, SCHEMA, {"runs": ADDED_COLUMNS})
         except sqlite3.DatabaseError as e:
@@ -116,10 +122,62 @@ class Registry:
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         try:
+            self._same_file()
             with self._open() as db:
                 yield db
         except sqlite3.OperationalError as e:  # read-only, full, I/O: say which, never a traceback
             raise RegistryError(describe_error(self.path, e)) from None
+
+    def _same_file(self) -> None:
+        """The registry file this process opened is still the one at its path; else (deleted, or
+        replaced by another process's rebuild) it is rebuilt in place before anything is read."""
+        try:
+            ino = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            ino = None
+        if ino is None or ino != self._ino:
+            self._rebuild_in_place()
+
+    def _rebuild_in_place(self, quiet: bool = False) -> None:
+        """The registry was deleted (or replaced) under this process: make it again where it was, with
+        its tables and the live runs this process knew (as they were stored: an end heard next is a
+        transition, so its webhook goes out), and carry on; the hosts' next reports fill in the rest,
+        as they rebuild a registry deleted while nothing ran. One process at a time (a lock beside it):
+        a -wal or -shm left by the deleted file is removed only while no registry file exists, so it
+        cannot be replayed into the new one, and never one that a new file already uses."""
+        try:
+            lock = os.open(self.path.with_name(self.path.name + ".rebuild.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:  # a read-only folder: opening the registry says what is wrong
+            lock = os.open(os.devnull, os.O_RDONLY)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            made = not self.path.exists()
+            if made:  # private: it holds commands, paths and the webhooks' outbox
+                for tail in ("-wal", "-shm", "-journal"):
+                    Path(f"{self.path}{tail}").unlink(missing_ok=True)
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+            with self._open() as db:
+                ensure_schema(db, SCHEMA, {"runs": ADDED_COLUMNS})
+                cols = ", ".join(COLUMNS)
+                marks = ", ".join(f":{c}" for c in COLUMNS)
+                db.execute("BEGIN IMMEDIATE")
+                db.executemany(f"INSERT OR IGNORE INTO runs ({cols}) VALUES ({marks})",
+                               [_encoded({c: row.get(c) for c in COLUMNS}) for row in self._live.values()])
+                db.execute("COMMIT")
+            self._ino = os.stat(self.path).st_ino
+        finally:
+            os.close(lock)
+        if not quiet:
+            print(f"lab: the registry {self.path} was {'deleted' if made else 'replaced'} under this process; "
+                  f"rebuilt in place ({len(self._live)} live run(s) kept from memory; the hosts' reports fill "
+                  f"in the rest)", file=sys.stderr)
+
+    def _remember(self, rows: list[dict]) -> None:
+        for row in rows:
+            if row.get("state") in ACTIVE:
+                self._live[row["id"]] = row
+            else:
+                self._live.pop(row.get("id"), None)
 
     @contextmanager
     def _open(self) -> Iterator[sqlite3.Connection]:
@@ -183,6 +241,8 @@ class Registry:
             db.executemany("UPDATE runs SET as_of = ?, updated_at = ?, host_seq = COALESCE(?, host_seq) WHERE id = ?",
                            [(row["as_of"], row["updated_at"], row["host_seq"], row["id"])
                             for _, row in ok if row["id"] not in written])
+        self._remember([row if row["id"] in written else before[row["id"]]
+                        for _, row in rows if row["id"] in written or row["id"] in before])
         if self.observers and kept:
             changes = [(before.get(row["id"]), {**r, "id": row["id"], "state": row["state"]}) for r, row in kept]
             for observe in self.observers:
@@ -204,7 +264,10 @@ class Registry:
     def get(self, run_id: str) -> dict | None:
         with self._connect() as db:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        return _row(row) if row else None
+        if row is None:
+            return None
+        self._remember([out := _row(row)])
+        return out
 
     def runs(self, stage: str | None = None, host: str | None = None, limit: int | None = None) -> list[dict]:
         sql, args = "SELECT * FROM runs WHERE 1=1", []
@@ -217,13 +280,17 @@ class Registry:
         sql += " ORDER BY started_at IS NULL, started_at, id"
         with self._connect() as db:
             rows = [_row(r) for r in db.execute(sql, args)]
+        self._remember(rows)
         return rows[-limit:] if limit else rows
 
     def latest(self, stage: str) -> dict | None:
         with self._connect() as db:
             row = db.execute("SELECT * FROM runs WHERE stage = ? ORDER BY COALESCE(started_at, updated_at) DESC, "
                              "id DESC LIMIT 1", (stage,)).fetchone()
-        return _row(row) if row else None
+        if row is None:
+            return None
+        self._remember([out := _row(row)])
+        return out
 
     def sync_host(self, host: str, report: dict | None, error: str | None = None,
                   as_of: float | None = None) -> None:
