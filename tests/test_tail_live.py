@@ -230,6 +230,41 @@ def test_copytruncate_while_the_tailer_lags_loses_nothing(tmp_path):
     assert list(f.read_new()) == [("data", b"tail\n")]
 
 
+def test_copytruncate_of_a_log_of_identical_lines_loses_nothing(tmp_path):
+    """Identical fixed-length lines (a `.` per step, a heartbeat line): after copytruncate the bytes
+    before our offset read the same, so the content cannot tell; rewritten to the very size we had
+    seen, the size said "no change" and those lines were lost; grown again past our offset while we
+    lagged, the lines before our offset were. The size and mtime of the last look tell both."""
+    from eaglelab.host.tail.follower import FileFollower
+    log, line = tmp_path / "output.log", b"step ok\n"
+    writer = "import sys; f = open(sys.argv[1], 'ab', buffering=0); [f.write(b'step ok\\n') for _ in range(int(sys.argv[2]))]"
+
+    def write(n: int) -> None:  # the stage, appending (O_APPEND) as jobwrap's log is opened
+        subprocess.run([sys.executable, "-c", writer, str(log), str(n)], check=True)
+
+    def copytruncate() -> None:  # logrotate's: copy, then empty the file in place (same inode)
+        time.sleep(0.05)  # the rewrite lands on a later mtime tick than the writes we read
+        subprocess.run(["cp", str(log), str(log) + ".1"], check=True)
+        subprocess.run(["truncate", "-s", "0", str(log)], check=True)
+
+    write(100)
+    f = FileFollower(log)
+    assert b"".join(d for k, d in f.read_new() if k == "data") == line * 100
+    copytruncate()
+    write(100)  # exactly the size read before
+    events = list(f.read_new())
+    assert events[:1] == [("reset", b"")] and b"".join(d for k, d in events if k == "data") == line * 100, events[:2]
+    assert list(f.read_new()) == []  # and nothing twice
+    write(100)
+    assert b"".join(d for k, d in f.read_new(max_bytes=len(line) * 50) if k == "data") == line * 50  # lagging
+    copytruncate()
+    write(160)  # past our offset (150 lines), short of the size seen (200)
+    events = list(f.read_new())
+    assert events[:1] == [("reset", b"")] and b"".join(d for k, d in events if k == "data") == line * 160
+    write(1)  # plain appends afterwards: read once, no false reset
+    assert list(f.read_new()) == [("data", line)]
+
+
 def test_a_stage_that_prints_nothing_is_stalled_after_a_while(tmp_path):
     """No byte in the log since the start, the process alive: after SILENT_MAX_S it is `stalled`
     (`silent`), with its ETA unknown rather than "finishing now"."""
