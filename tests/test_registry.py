@@ -233,3 +233,20 @@ def test_reports_are_ordered_by_the_hosts_sequence_not_a_wall_clock(tmp_path):
     assert (reg.get("s-1")["state"], reg.get("s-1")["log_state"]["progress"]["n"]) == ("running", 3)
     progress(4, "boot-b:5", as_of=1.0)  # the host rebooted since: its word is news
     assert reg.get("s-1")["log_state"]["progress"]["n"] == 4
+
+
+def test_a_pause_is_taken_out_of_the_phases_it_fell_in(tmp_path):
+    """exit.json's `stopped` intervals (SIGSTOP) are no work: taken out of the phase they overlap
+    (its rate too), not of the others; a phase without times to place them in is not learned."""
+    reg = Registry(tmp_path / "r.sqlite")
+    at = lambda s: f"2026-12-04T10:00:{s:02d}Z"
+    run = {"id": "x-1", "stage": "x", "host": "h", "state": "completed", "duration_s": 50.0,
+           "stopped": {"total_s": 10.0, "intervals": [[at(15), at(25)]]},
+           "log_state": {"phases": [
+               {"name": "load", "started_at": at(0), "ended_at": at(10), "duration_s": 10.0},
+               {"name": "work", "started_at": at(10), "ended_at": at(40), "duration_s": 30.0, "items": 10,
+                "rate_s_per_item": 3.0},
+               {"name": "untimed", "duration_s": 5.0}]}}
+    reg.record_phases_from_runs([run])
+    got = {p["phase"]: (p["duration_s"], p["rate_s_per_item"]) for p in reg.phase_history("x")}
+    assert got == {"load": (10.0, None), "work": (20.0, 2.0), "__run__": (40.0, None)}, got

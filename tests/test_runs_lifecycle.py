@@ -685,3 +685,27 @@ def test_one_status_from_a_controller_hours_ahead_never_freezes_a_live_run(tmpla
     now = _state(tmplab, rd.name)  # the next report, by a controller whose clock is right
     assert now["state"] == "running" and now["log_state"]["progress"]["n"] >= seen + 3, (seen, now["log_state"])
     assert now["duration_s"] < 600, now  # measured by this clock again, not frozen at +2 h
+
+
+def test_a_paused_stage_s_frozen_time_is_not_learned_as_work(tmplab):
+    """A stage someone SIGSTOPped (kill -STOP of its group, Ctrl-Z on the host) does no work until
+    continued; its wall duration included that time, and the ETA history learned it as the stage's
+    duration. jobwrap sees the stop and the continue (waitpid), exit.json says how long it was
+    stopped, and the history learns the duration less that."""
+    from eaglelab.control.lab import Lab
+    tmplab.write_pipeline(PIPELINE.replace('steps: "10"', 'steps: "12"').replace('"0.3"', '"0.1"'))
+    tmplab.lab("run", "tick", "--detach")
+    (rd,) = tmplab.run_dirs()
+    meta = tmplab.wait_for(lambda: (m := _meta(tmplab, rd.name)).get("pgid") and (rd / "state.json").exists() and m,
+                           interval=0.05)
+    os.killpg(meta["pgid"], signal.SIGSTOP)
+    time.sleep(1.5)  # paused: no work
+    os.killpg(meta["pgid"], signal.SIGCONT)
+    end = tmplab.wait_for(lambda: json.loads((rd / "exit.json").read_text()) if (rd / "exit.json").exists() else None,
+                          timeout=30)
+    assert end["state"] == "completed" and end["stopped"]["total_s"] > 0 and len(end["stopped"]["intervals"]) == 1, end
+    (run,) = tmplab.runs("tick")  # a report: the registry learns from the completed run
+    assert run["stopped"] == end["stopped"]
+    (learned,) = [p for p in Lab.load(str(tmplab.conf)).registry.phase_history("tick") if p["phase"] == "__run__"]
+    assert learned["duration_s"] == round(run["duration_s"] - end["stopped"]["total_s"], 3), (learned, run)
+    assert learned["duration_s"] < run["duration_s"]

@@ -97,6 +97,7 @@ class Exit(TypedDict, total=False):
     outputs_done: str | None  # written in the lost wrapper's place: the outputs' manifests of this run
     recorded_by: str | None   # who wrote it when jobwrap could not (`lab stop`, a report)
     attempt: int | None       # the start of the run directory this end belongs to (meta.json's)
+    stopped: dict[str, Any] | None  # paused (SIGSTOP): {total_s, intervals: [[from, to]]}; no work then
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class Run:
     stop_requested: bool = False    # `lab stop` asked for its end ("(stop requested)" beside it)
     attempts: int | None = None     # starts of its run directory (refused ones too): 2+ = Slurm ran it again
     refused_start: str | None = None  # why the latest start was refused (`requeue: refuse`), if one was
+    stopped: dict[str, Any] | None = None  # exit.json's: the time its process spent stopped (not work)
     log_state: dict[str, Any] | None = None
     log_size: int | None = None
     slurm: dict[str, Any] | None = None

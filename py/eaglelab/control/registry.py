@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from eaglelab.errors import RegistryError
-from eaglelab.fsutil import utcnow_iso
+from eaglelab.fsutil import parse_iso, utcnow_iso
 from eaglelab.host.settle import state_of, vanished
 from eaglelab.model import ACTIVE, FINAL, RUN_FIELDS, Run, RunState
 
@@ -362,19 +362,36 @@ class Registry:
     # -- phase history, for the ETA of phases not yet begun ------------------------------------
 
     def record_phases_from_runs(self, runs: list[dict]) -> None:
+        """The durations a completed run teaches the ETA history: its phases and the whole run, as
+        work. The time its process spent stopped (SIGSTOP, Ctrl-Z: exit.json's `stopped`) is no
+        work: it is taken out of the run and of each phase it fell in (by their times on the host);
+        a phase of a paused run that has no times to place the pause in is not learned from."""
         rows = []
         for r in runs:
             ls = r.get("log_state") or {}
             if r.get("state") != RunState.COMPLETED:
                 continue
+            stopped = r.get("stopped") if isinstance(r.get("stopped"), dict) else {}
+            pauses = [(a, b) for a, b in (tuple(map(parse_iso, iv)) for iv in stopped.get("intervals") or []
+                                          if isinstance(iv, list) and len(iv) == 2) if a and b]
             for p in ls.get("phases") or []:
                 if p.get("duration_s") is None or not p.get("name"):
                     continue
+                duration, rate = p["duration_s"], p.get("rate_s_per_item")
+                if pauses:
+                    start, end = parse_iso(p.get("started_at")), parse_iso(p.get("ended_at"))
+                    if start is None or end is None:
+                        continue
+                    paused = sum(max(0.0, min(end, b) - max(start, a)) for a, b in pauses)
+                    if paused:
+                        duration = round(max(duration - paused, 0.0), 3)
+                        rate = duration / p["items"] if rate is not None and p.get("items") else rate
                 rows.append((r.get("id"), r.get("stage"), r.get("host"), r.get("profile"), p["name"],
-                             p.get("duration_s"), p.get("items"), p.get("rate_s_per_item"), r.get("ended_at")))
+                             duration, p.get("items"), rate, r.get("ended_at")))
             if r.get("duration_s") is not None:
+                work = max(r["duration_s"] - float(stopped.get("total_s") or 0.0), 0.0)
                 rows.append((r.get("id"), r.get("stage"), r.get("host"), r.get("profile"), "__run__",
-                             r["duration_s"], None, None, r.get("ended_at")))
+                             round(work, 3), None, None, r.get("ended_at")))
         if rows:
             with self._tx() as db:
                 db.executemany("INSERT OR REPLACE INTO phases VALUES (?,?,?,?,?,?,?,?,?)", rows)

@@ -213,6 +213,7 @@ def read_run(run_dir: Path, now: float | None = None, slurm: SlurmWord | None = 
     ls = run_state(run_dir)
     settled = settle(meta, exit_info, ls, live, slurm)
     rec.update(settled.fields())
+    rec["stopped"] = exit_info.get("stopped") if exit_info else None
     start, end = parse_iso(rec["started_at"]), parse_iso(rec["ended_at"])
     measured = exit_info.get("duration_s") if exit_info else None
     if isinstance(measured, (int, float)) and measured >= 0:

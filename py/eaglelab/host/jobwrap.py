@@ -188,12 +188,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     threading.Thread(target=heartbeat, name="heartbeat", daemon=True).start()
     follower = _start_log_follower(run_dir, stop, disk)
 
-    while True:
-        try:
-            rc = child.wait()
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
-            continue
+    rc, stops = _wait_counting_stops(child)
     ended = time.time()
     duration_s = time.monotonic() - started_mono
     # CPU seconds of the stage and every descendant it waited for: where a host's cores went
@@ -211,6 +206,9 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
               "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
               "state": end_state(exit_code, sig, stop_requested), "stop_requested": stop_requested,
               "orphans": orphans, "attempt": meta["attempt"]}
+    if stops:  # paused (SIGSTOP, Ctrl-Z on the host): that time was no work, and the ETA history must know
+        record["stopped"] = {"total_s": round(sum(s for _, _, s in stops), 3),
+                             "intervals": [[utcnow_iso(a), utcnow_iso(b)] for a, b, _ in stops]}
     if disk.seen_at and record["state"] == "failed":
         # the log may lack the stage's own "No space left" (it could not be written either)
         record["failure"] = {"reason": "disk_full", "line": None, "process": None,
@@ -223,6 +221,36 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
         disk.guard(_ensure_final_state, run_dir)
     log.close()
     return rc if rc >= 0 else 128 - rc
+
+
+def _wait_counting_stops(child: subprocess.Popen) -> tuple[int, list[tuple[float, float, float]]]:
+    """The stage's return code (as Popen's: -N for a signal) and the spans it spent stopped, as
+    [(from, to) by the wall clock, seconds by the monotonic one]: a stage someone paused (kill -STOP
+    of its group, Ctrl-Z on the host) does no work meanwhile, so that time is not its duration's to
+    teach the ETA history (registry.record_phases_from_runs subtracts it). Seen through waitpid's
+    WUNTRACED/WCONTINUED: the stage's own process, which a stop of its group stops too."""
+    stops: list[tuple[float, float, float]] = []
+    since: tuple[float, float] | None = None
+    while True:
+        try:
+            _, status = os.waitpid(child.pid, os.WUNTRACED | os.WCONTINUED)
+        except ChildProcessError:  # reaped elsewhere (never here): Popen's word
+            rc = child.wait()
+            break
+        if os.WIFSTOPPED(status):
+            since = since or (time.time(), time.monotonic())
+            continue
+        if os.WIFCONTINUED(status):
+            if since is not None:
+                stops.append((since[0], time.time(), time.monotonic() - since[1]))
+                since = None
+            continue
+        rc = os.waitstatus_to_exitcode(status)
+        child.returncode = rc
+        break
+    if since is not None:  # ended while stopped (a KILL of a stopped group)
+        stops.append((since[0], time.time(), time.monotonic() - since[1]))
+    return rc, stops
 
 
 def _ensure_final_state(run_dir: Path) -> None:
