@@ -224,17 +224,18 @@ def test_a_second_start_of_the_same_job_is_an_attempt_and_refused_when_the_profi
     slab.write_stages({"again": tick(3, 0.1), "once": tick(3, 0.1, requeue="refuse")})
     slab.lab("run", "again", "once")
     firsts = {r["stage"]: r for r in slab.runs()}
-    for stage in ("again", "once"):
-        first = firsts[stage]
+    seconds = {}
+    for stage, first in firsts.items():
         assert (first["state"], first["attempts"]) == ("completed", 1), first
-        rd = Path(first["run_dir"])
         env = {**slab.env(), "SLURM_JOB_ID": first["slurm"]["job_id"]}
         env.pop("SLURM_RESTART_COUNT", None)
-        second = subprocess.run(["sh", str(rd / "job.sh")], env=env, capture_output=True, text=True, timeout=60)
-        run = slab.run_of(stage)
+        seconds[stage] = subprocess.run(["sh", str(Path(first["run_dir"]) / "job.sh")], env=env,
+                                        capture_output=True, text=True, timeout=60)
+    for run in slab.runs():
         assert run["state"] == "completed" and run["attempts"] == 2 and run["slurm"]["restart_count"] == 0, run
+        rd, second = Path(run["run_dir"]), seconds[run["stage"]]
         meta = json.loads((rd / "meta.json").read_text())
-        if stage == "again":
+        if run["stage"] == "again":
             assert second.returncode == 0, second.stderr
             assert b"tick: done" in (rd / "attempt-0" / "output.log").read_bytes()  # the first attempt's log, kept
             assert (rd / "output.log").read_bytes().count(b"tick: done") == 1  # the second's own
