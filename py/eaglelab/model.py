@@ -163,6 +163,7 @@ class HostReport(TypedDict, total=False):
     free_disk_bytes: int | None
     load: list[float] | None
     runs_dir: str | None  # the folder of run directories read (a live run the report lacks is missing)
+    host_seq: str | None  # BOOT_ID:MONOTONIC_NS before anything was read: the host's order (registry.supersedes)
 
 
 # The run record's fields, in one place (Run): the registry's columns and `lab status --json` use them.
