@@ -17,13 +17,37 @@ LAB = REPO / "bin" / "lab"
 
 
 @pytest.fixture
-def conf(tmp_path: Path) -> Path:
+def shipped(tmp_path: Path) -> Path:
     c = tmp_path / "conf"
     shutil.copytree(REPO / "conf", c)
     lab = (c / "lab.yaml").read_text()
     (c / "lab.yaml").write_text(lab.replace("logs_dir: logs", f"logs_dir: {tmp_path / 'logs'}")
                                 if "logs_dir:" in lab else f"logs_dir: {tmp_path / 'logs'}\n" + lab)
     return c
+
+
+@pytest.fixture
+def conf(shipped: Path) -> Path:
+    """The kimi-k2.5 profile as it was before the pilot's own window: the pilot after synth, beside
+    serve_extract on GPU 0, where it does not fit (what the plan must refuse)."""
+    prof = shipped / "profiles" / "kimi-k2.5.yaml"
+    text = prof.read_text()
+    assert "pilot_window: own" in text and "pilot: {host: gpu8, needs: [serve_extract]," in text
+    prof.write_text(text.replace("pilot_window: own", "pilot_window: beside").replace(
+        "pilot: {host: gpu8, needs: [serve_extract],",
+        "pilot: {host: gpu8, needs: [serve_extract], during: null, depends_on: [synth, eval_baseline],"))
+    return shipped
+
+
+def test_the_shipped_kimi_plan_fits_with_the_first_forecast_in_its_first_hours(shipped):
+    p = lab(shipped, "plan", "--offline")
+    assert p.returncode == 0 and "DOES NOT FIT" not in p.stdout, p.stdout + p.stderr
+    j = json.loads(lab(shipped, "plan", "--offline", "--json").stdout)["plan"]
+    assert j["fits"] is True and j["first_forecast"]["stage"] == "pilot"
+    assert j["first_forecast"]["at_s"] < 2 * 3600 < 6 * 3600 < j["total_s"] < 24 * 3600
+    p = lab(shipped, "preflight", "pilot", "--json")
+    fits = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "fit"]
+    assert fits and all(c["verdict"] != "FAIL" for c in fits), fits
 
 
 def lab(conf: Path, *args: str) -> subprocess.CompletedProcess:
