@@ -18,9 +18,9 @@ those marked "independent" test the planner's arithmetic.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
