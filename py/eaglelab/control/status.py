@@ -54,6 +54,7 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
         if latest and latest["host_unreachable"] and state in ACTIVE:
             state = StageState.UNREACHABLE
         stages.append({"name": name, "host": s.host, "kind": s.kind, "depends_on": s.depends_on, "needs": s.needs,
+                       "after": s.after,
                        "description": s.description, "latest_run": latest["id"] if latest else None, "state": state})
     from .services import usage
     status = {"schema": SCHEMA, "generated_at": utcnow_iso(now), "profile": lab.cfg.profile,

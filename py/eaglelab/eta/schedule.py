@@ -195,7 +195,9 @@ def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: d
         if name in trail:
             raise ValueError(f"dependency cycle among stages: {' -> '.join(trail + (name,))}")
         st = by_name[name]
-        deps = [d for d in (st.get("depends_on") or []) + (st.get("needs") or []) if d in by_name]
+        # `after`: an order only (the pilot before the rest of synth in its own window), still a later start
+        deps = [d for d in (st.get("depends_on") or []) + (st.get("needs") or []) + (st.get("after") or [])
+                if d in by_name]
         dep_f = [finish(d, trail + (name,)) for d in deps]
         run = runs_by_id.get(st.get("latest_run") or "") or {}
         state = run.get("state") or st.get("state") or "pending"
