@@ -4,15 +4,16 @@ bar's own past frames (an online backtest: only frames already seen, no future d
 Candidates (each a per-item time as it stood at every first-reach observation of the bar):
   fit      the trend/regime fit (estimator.estimate_bar), recorded whenever it was computed
   ema      tqdm's smoothed rate (EMA of the steps between observations, smoothing 0.3)
-  slope    the rate over the last SLOPE_OBS observations (at least two clock ticks)
+  slope    the rate over the last SLOPE_OBS observations (at least two clock ticks; not weighed: USE)
   mean     the whole history's mean rate (kept for the record, not weighed: see USE)
   printed  the rate the line itself printed (tqdm's EMA on its exact clock)
 The backtest: from every earlier observation j, each candidate's rate then predicts the time the
 bar took from j for as many items as are left now (or as many as were done since, when fewer);
 the error is |log(predicted / actual)|. The candidates' recent squared errors (recent pairs weigh
 more) give their weights now (inverse mean squared error, squared: the better one dominates).
-A bar too young to judge (fewer than MIN_PAIRS backtest pairs) leans on the history prior when
-there is one (an earlier run of the same bar, an earlier epoch), else on the fit alone.
+A bar too young to judge (fewer than MIN_PAIRS backtest pairs, or seen for fewer than YOUNG_TICKS
+ticks of its clock) takes the rate its line printed where there is one, else the fit, leaning on
+the history prior when there is one (an earlier run of the same bar, an earlier epoch).
 The range: the weighted quantiles of the combined predictor's own backtest errors, widened for
 few pairs, mixed (log scale) with the fit's range while the backtest is thin.
 Pure: no I/O, no clock.
@@ -50,8 +51,9 @@ MAX_OBS = 512
 YOUNG_TICKS = 8.0
 YOUNG_RANGE = 0.8
 CHANGE_PAIR_WEIGHT = 0.1  # after a step in the rate (the fit's new regime), pairs that start before it weigh this much
-# The candidates weighed. The whole-history mean is computed (the bench's baseline) but left out:
-# on the tuning logs it was never the one that helped (a bar whose rate holds is the fit's anyway).
+# The candidates weighed. The whole-history mean and the recent slope are computed (the bench's
+# baselines) but left out: on the tuning logs the mean never helped (a bar whose rate holds is the
+# fit's anyway), and the slope, on whole seconds, took weight on noise (long steady bars 1.14 -> 1.07).
 USE = ("fit", "ema", "printed")
 
 
