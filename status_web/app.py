@@ -75,7 +75,7 @@ def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
             if outcome_of is None:  # one reader per loaded lab (its stages and hosts)
                 readers.clear()
                 outcome_of = readers[id(current_lab)] = OutcomeReader(current_lab)
-            status = collect(current_lab, refresh=ask_hosts)
+            status = collect(current_lab, refresh=ask_hosts).to_json()
             status["config"] = watch.view()
             try:
                 return outcome_of(status)
@@ -352,8 +352,9 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
 
 
 def overview_ctx(status: dict, now: float) -> dict:
-    ov = model.overview(status, now)
-    tl = model.timeline(status, now)
+    st = model.read(status, now)  # the snapshot's JSON read once: every view below takes the object
+    ov = model.overview(st, now)
+    tl = model.timeline(st, now)
     plots = [{**p, "svg": svg.line_chart(p["points"], title=p["title"], x_label=p["x_label"],
                                          y_label=p["y_label"], css_class="chart rate")}
              for p in model.rate_plots(status)]

@@ -110,7 +110,7 @@ def status(c: _Ctx, as_json: bool, no_refresh: bool, show_all: bool) -> None:
     from .status import collect
     st = collect(c.lab, refresh=not no_refresh)
     if as_json:
-        click.echo(json.dumps(st, indent=1))
+        click.echo(json.dumps(st.to_json(), indent=1))
         return
     from .render import print_status
     print_status(st, show_all=show_all)
