@@ -20,6 +20,8 @@ from urllib.parse import urlencode
 
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
 
+from eaglelab.model import RunState, StageState
+
 from . import metrics as metrics_mod
 from . import model, svg
 from .config_watch import ConfigStale, ConfigWatch
@@ -336,7 +338,7 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
         run = _find_run(current().status, run_id)
         if run is None:
             return _json_error(404, f"no run {run_id!r}")
-        if run.get("state") not in ("running", "pending", "stalled"):
+        if run.get("state") not in (RunState.RUNNING, RunState.PENDING, StageState.STALLED):
             return _json_error(409, f"{run_id} is not running ({run.get('state')})")
         return _in_background(lambda: lab.stop(run_id), io.StringIO(), snap)
 

@@ -555,7 +555,7 @@ def rate_plots(status: dict) -> list[dict]:
     """One plot per running run whose current bar has a history: time per item over the run."""
     plots = []
     for r in status.get("runs") or []:
-        if not isinstance(r, dict) or r.get("state") != "running":
+        if not isinstance(r, dict) or r.get("state") != RunState.RUNNING:
             continue
         ls = mapping(r.get("log_state"))
         prog = mapping(ls.get("progress"))
@@ -639,7 +639,7 @@ def preflight_view(run: dict) -> list[dict]:
 
 def exit_view(run: dict) -> str:
     state = run.get("state")
-    if state in ("running", "pending"):
+    if state in (RunState.RUNNING, RunState.PENDING):
         return f"{state} (pid {run.get('pid')})" if run.get("pid") else str(state)
     return f"{state}: {exit_text(run) or 'exit code 0'}" + (" (stop requested)" if run.get("stop_requested") else "")
 
@@ -686,4 +686,4 @@ def load_view(load: Any) -> str:
 def running_on(status: dict, host: Any) -> list[dict]:
     return [{"id": r.get("id"), "stage": r.get("stage"), "kind": r.get("kind")}
             for r in status.get("runs") or [] if isinstance(r, dict) and r.get("host") == host
-            and r.get("state") in ("running", "pending")]
+            and r.get("state") in (RunState.RUNNING, RunState.PENDING)]

@@ -59,7 +59,8 @@ PARTS: dict[str, tuple[str, ...]] = {
     "ops": ("test_cron", "test_notify", "test_slurm_*", "test_settle", "test_run_object"),
     "core": ("test_config", "test_docs", "test_eta*", "test_registry", "test_runs_lifecycle", "test_services",
              "test_idle_services", "test_placement", "test_plan_settings", "test_host_imports", "test_host_await",
-             "test_stage_code", "test_import_graph", "test_cli_imports", "test_sizing", "test_fit_refusal"),
+             "test_stage_code", "test_import_graph", "test_cli_imports", "test_sizing", "test_fit_refusal",
+             "test_state_names"),
 }
 
 

@@ -14,7 +14,7 @@ import click
 
 from eaglelab import __version__
 from eaglelab.errors import EaglelabError
-from eaglelab.model import exit_text
+from eaglelab.model import RunState, exit_text
 
 from . import commands
 from .lab import ACTIVE, Lab, exit_code_of
@@ -67,7 +67,7 @@ def run(c: _Ctx, stages: tuple[str, ...], wait: bool, force: bool, deps: bool, q
     c.lab.ignore_gates = ignore_gates
     for name in stages:
         rec = c.lab.run(name, force=force, deps=deps, wait=wait, follow=not quiet)
-        if wait and c.lab.cfg.stage(name).kind == "job" and rec["state"] != "completed":
+        if wait and c.lab.cfg.stage(name).kind == "job" and rec["state"] != RunState.COMPLETED:
             raise click.exceptions.Exit(exit_code_of(rec))
 
 

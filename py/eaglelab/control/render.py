@@ -82,7 +82,7 @@ def slurm_queue_lines(st: Status) -> list[str]:
         r = st.run(s.latest_run)
         sl = (r.run.slurm if r else None) or {}
         if sl.get("state") in SLURM_WAITING or (sl and s.state == StageState.PENDING):
-            bits = [f"{s.name}: Slurm job {sl.get('job_id')} {sl.get('state') or 'pending'}"
+            bits = [f"{s.name}: Slurm job {sl.get('job_id')} {sl.get('state') or RunState.PENDING}"
                     + (f" ({sl['reason']})" if sl.get("reason") else "")]
             if sl.get("queue_position"):
                 bits.append(f"#{sl['queue_position']} in {sl.get('partition')}")

@@ -99,7 +99,7 @@ def engine_figures(run: dict) -> dict | None:
         flagged = bool(metrics["engine/alarm"][-1][1])
     except (KeyError, TypeError, ValueError, IndexError):
         return None
-    return {**got, "alarm": flagged and run.get("state") == "failed", "run": run.get("id")}
+    return {**got, "alarm": flagged and run.get("state") == RunState.FAILED, "run": run.get("id")}
 
 
 def _annotate_eta(lab: Lab, status: dict, now: float, refresh: bool = False) -> dict:
