@@ -243,16 +243,16 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
     @app.get("/hosts")
     def hosts():
         def build(status, now):
+            st = model.read(status, now)  # read once for the page
             hs = []
-            for h in status.get("hosts") or []:
-                if isinstance(h, dict):
-                    hs.append(model.guarded(lambda h=h: {**h, "gpu_rows": model.gpus_view(h),
-                                                     "since": model.fmt_clock(model.ts(h.get("unreachable_since")), now),
-                                                     "checked": model.fmt_clock(model.ts(h.get("checked_at")), now),
-                                                     "disk": model.fmt_bytes(model.num(h.get("free_disk_bytes"))),
-                                                     "load_text": model.load_view(h.get("load")),
-                                                     "running": model.running_on(status, h.get("name"))},
-                                            {"name": str(h.get("name")), "gpu_rows": [], "running": []}))
+            for h in st.hosts:
+                hs.append(model.guarded(lambda h=h: {**h, "gpu_rows": model.gpus_view(h),
+                                                 "since": model.fmt_clock(model.ts(h.get("unreachable_since")), now),
+                                                 "checked": model.fmt_clock(model.ts(h.get("checked_at")), now),
+                                                 "disk": model.fmt_bytes(model.num(h.get("free_disk_bytes"))),
+                                                 "load_text": model.load_view(h.get("load")),
+                                                 "running": model.running_on(st, h.get("name"))},
+                                        {"name": str(h.get("name")), "gpu_rows": [], "running": []}))
             return {"hosts": hs}
         return page("hosts.html", (), build)
 
@@ -359,7 +359,7 @@ def overview_ctx(status: dict, now: float) -> dict:
     tl = model.timeline(st, now)
     plots = [{**p, "svg": svg.line_chart(p["points"], title=p["title"], x_label=p["x_label"],
                                          y_label=p["y_label"], css_class="chart rate")}
-             for p in model.rate_plots(status)]
+             for p in model.rate_plots(st, now)]
     return {"ov": ov, "tl": tl, "gantt": svg.gantt(tl), "plots": plots, "profile": status.get("profile")}
 
 

@@ -22,7 +22,7 @@ from eaglelab.figures import human_duration as fmt_duration
 from eaglelab.fsutil import parse_iso
 from eaglelab.lab_status import RunStatus, StageStatus, Status
 from eaglelab.logstate import Finish, LogState
-from eaglelab.model import FINAL, RunState, StageState, exit_text
+from eaglelab.model import ACTIVE, FINAL, RunState, StageState, exit_text
 
 MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 
@@ -195,8 +195,7 @@ def cell(stage: StageStatus | dict, run: RunStatus | dict | None, hosts: dict[st
         "unreachable_since": fmt_clock(ts(host.get("unreachable_since")), now)
         if state == StageState.UNREACHABLE else "",
         "note": state_file_note(rs) if rs and state in (StageState.RUNNING, StageState.STALLED) else "",
-        "stall": str(mapping(log.extra.get("stall")).get("message") or "") if log and state == StageState.STALLED
-        else "",
+        "stall": log.stall_message if log and state == StageState.STALLED else "",
         "queue": queue_view(r, now) if r else None,
     }
 
@@ -383,23 +382,16 @@ def outcome_view(out: Any, now: float) -> dict:
 def serving_view(stage: StageStatus, run: RunStatus | None, now: float) -> dict | None:
     """A ready service: since when it serves and how busy it is (vLLM's periodic stats), instead of
     its long-finished weight-loading bar and ETA."""
-    ls = mapping(run.run.log_state) if run else {}
-    if stage.kind != "service" or not ls.get("ready"):
+    ls = run.log if run else None
+    if stage.kind != "service" or ls is None or not ls.ready:
         return None
     start = ts(run.run.started_at)
-    for p in ls.get("phases") or []:  # ready after the phases before `serving`
-        if not isinstance(p, dict) or p.get("name") == "serving":
+    for p in ls.phases:  # ready after the phases before `serving`
+        if p.name == "serving":
             break
-        if start is not None and num(p.get("duration_s")) is not None:
-            start += num(p["duration_s"])
-    metrics = mapping(ls.get("metrics"))
-
-    def last(name):
-        series = metrics.get(name)
-        if isinstance(series, list) and series and isinstance(series[-1], (list, tuple)) and len(series[-1]) >= 2:
-            return num(series[-1][1])
-        return None
-    gen, reqs, prompt = last("vllm/gen_tokens_per_s"), last("vllm/running_reqs"), last("vllm/prompt_tokens_per_s")
+        if start is not None and p.duration_s is not None:
+            start += p.duration_s
+    gen, reqs, prompt = (ls.last(f"vllm/{k}") for k in ("gen_tokens_per_s", "running_reqs", "prompt_tokens_per_s"))
     load = [f"{gen:.1f} tokens/s generated" if gen is not None else "",
             f"{prompt:.1f} prompt tokens/s" if prompt is not None else "",
             f"{reqs:.0f} requests running" if reqs is not None else ""]
@@ -513,20 +505,15 @@ def estimate_sources(status: Status) -> str:
 
 # -- rate plots -----------------------------------------------------------------------------------
 
-def bar_history(log_state: Any) -> list[tuple[float, float]]:
+def log_of(log_state: LogState | Any) -> LogState | None:
+    """The log state object: as given, or read once from its JSON (the run page passes JSON)."""
+    return log_state if isinstance(log_state, LogState) else LogState.from_json(log_state)
+
+
+def bar_history(log_state: LogState | Any) -> list[tuple[float, float]]:
     """The current bar's (elapsed_s, n) samples from the state JSON (progress.history), in order."""
-    hist = mapping(mapping(log_state).get("progress")).get("history")
-    out = []
-    for item in hist if isinstance(hist, list) else []:
-        if isinstance(item, dict):
-            e, n = num(item.get("elapsed_s")), num(item.get("n"))
-        elif isinstance(item, (list, tuple)) and len(item) >= 2:
-            e, n = num(item[0]), num(item[1])
-        else:
-            continue
-        if e is not None and n is not None:
-            out.append((e, n))
-    return out
+    ls = log_of(log_state)
+    return list(ls.progress.history) if ls and ls.progress else []
 
 
 def seconds_per_item(samples: list[tuple[float, float]], resolution_s: float = 1.0,
@@ -551,18 +538,18 @@ def seconds_per_item(samples: list[tuple[float, float]], resolution_s: float = 1
     return out
 
 
-def rate_plots(status: dict) -> list[dict]:
+def rate_plots(status: Status | dict, now: float = 0.0) -> list[dict]:
     """One plot per running run whose current bar has a history: time per item over the run."""
     plots = []
-    for r in status.get("runs") or []:
-        if not isinstance(r, dict) or r.get("state") != RunState.RUNNING:
+    for rs in read(status, now).runs:
+        r, prog = rs.run, rs.progress
+        if r.state != RunState.RUNNING:
             continue
-        ls = mapping(r.get("log_state"))
-        prog = mapping(ls.get("progress"))
-        pts = seconds_per_item(bar_history(ls))
-        unit = str(prog.get("unit") or "it")
-        title = " · ".join(str(x) for x in (r.get("stage"), ls.get("phase") or prog.get("label")) if x)
-        plots.append({"run_id": r.get("id"), "stage": r.get("stage"), "host": r.get("host"), "title": title,
+        pts = seconds_per_item(list(prog.history)) if prog else []
+        unit = prog.unit if prog else "it"
+        title = " · ".join(x for x in (r.stage, (rs.log.phase if rs.log else None) or (prog.label if prog else ""))
+                           if x)
+        plots.append({"run_id": r.id, "stage": r.stage, "host": r.host, "title": title,
                       "points": pts, "unit": unit, "x_label": f"{unit} (item index)",
                       "y_label": f"s/{unit}"})
     return plots
@@ -596,27 +583,17 @@ def split_metrics(series: list[dict]) -> tuple[list[dict], list[dict]]:
     return plots, [m for m in ordered if m not in plots]
 
 
-def metric_series(log_state: Any) -> list[dict]:
-    """Each metric as (step, value) points; malformed entries are dropped, not fatal."""
-    out = []
-    for name, series in sorted(mapping(mapping(log_state).get("metrics")).items()):
-        pts = []
-        for item in series if isinstance(series, list) else []:
-            if isinstance(item, (list, tuple)) and len(item) >= 2 and num(item[0]) is not None \
-                    and num(item[1]) is not None:
-                pts.append((num(item[0]), num(item[1])))
-        if pts:
-            out.append({"name": str(name), "points": pts, "last": pts[-1][1], "count": len(pts)})
-    return out
+def metric_series(log_state: LogState | Any) -> list[dict]:
+    """Each metric as (step, value) points (LogState.metrics: malformed entries dropped, not fatal)."""
+    ls = log_of(log_state)
+    return [{"name": name, "points": list(pts), "last": pts[-1][1], "count": len(pts)}
+            for name, pts in sorted((ls.metrics if ls else {}).items())]
 
 
-def phases_view(log_state: Any) -> list[dict]:
-    out = []
-    for p in mapping(log_state).get("phases") or []:
-        if isinstance(p, dict):
-            out.append({"name": str(p.get("name") or "?"), "duration": fmt_duration(num(p.get("duration_s"))),
-                        "started_line": p.get("started_line"), "ended_line": p.get("ended_line")})
-    return out
+def phases_view(log_state: LogState | Any) -> list[dict]:
+    ls = log_of(log_state)
+    return [{"name": p.name, "duration": fmt_duration(p.duration_s), "started_line": p.started_line,
+             "ended_line": p.ended_line} for p in (ls.phases if ls else ())]
 
 
 def preflight_view(run: dict) -> list[dict]:
@@ -683,7 +660,6 @@ def load_view(load: Any) -> str:
     return " · ".join(f"{num(v):.2f}" for v in load)
 
 
-def running_on(status: dict, host: Any) -> list[dict]:
-    return [{"id": r.get("id"), "stage": r.get("stage"), "kind": r.get("kind")}
-            for r in status.get("runs") or [] if isinstance(r, dict) and r.get("host") == host
-            and r.get("state") in (RunState.RUNNING, RunState.PENDING)]
+def running_on(status: Status, host: Any) -> list[dict]:
+    return [{"id": r.run.id, "stage": r.run.stage, "kind": r.run.kind} for r in status.runs
+            if r.run.host == host and r.run.state in ACTIVE]

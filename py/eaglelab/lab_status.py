@@ -7,16 +7,22 @@ The JSON (schema 1, docs/interfaces.md) is written once, at the edges (`lab stat
 is exactly what the hosts and the ETA engine said. `from_json` is the one reader: a field of the
 wrong type or a record that is no run reads as absent, so front ends format without guards of
 their own, and a finish time comes only from the engine's estimate (`Finish`), never from a front end.
-Standard library only, like eaglelab.model and eaglelab.logstate.
+
+Cheap on purpose (issue 31, item 7: `lab status --json` within 0.3 s of CPU): the parts are read
+when a front end first asks for them (`lab status --json` never does), and they are NamedTuples —
+immutable like frozen dataclasses, made ~10x faster at import. Standard library only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, NamedTuple
 
-from .logstate import Finish, LogState, _iso_time
 from .model import RUN_FIELDS, Run, RunState, StageState, _conforms, _hints
+
+# eaglelab.logstate (LogState, Finish) is imported where a part is first read, not here: making its
+# classes costs ~6 ms, which `lab status --json` (it only writes the document) would pay for nothing.
 
 
 def _str(v: Any) -> str | None:
@@ -28,12 +34,12 @@ def _words(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
-@dataclass(frozen=True)
-class Estimate:
+class Estimate(NamedTuple):
     """The ETA engine's estimate for a run, a stage or the pipeline (docs/interfaces.md, "ETA"):
-    `finish` (None when it gives no finish time), where it comes from, and what it says with it."""
+    `finish` (a logstate.Finish; None when it gives no finish time), where it comes from, and what
+    it says with it."""
 
-    finish: Finish | None
+    finish: Any  # logstate.Finish | None
     source: str | None = None         # progress, history, prior, learned, ... ; stalled, unknown
     reason: str | None = None         # why there is no finish time (stalled, no estimate)
     basis: str | None = None          # what it rests on, in words ("prior: ...", "learned from 2 runs")
@@ -51,6 +57,7 @@ class Estimate:
         """None when there is no estimate at all (absent, not an object)."""
         if not isinstance(eta, dict):
             return None
+        from .logstate import Finish, _iso_time  # see the note at the top
         path = eta.get("critical_path")
         return cls(Finish.from_json(eta, now), _str(eta.get("source")), _words(eta.get("reason")),
                    _str(eta.get("basis")), _iso_time(eta.get("start_at")), eta.get("assumes_rerun") is True,
@@ -77,13 +84,13 @@ def read_run(data: Any) -> Run | None:
 _RUN_KEYS = frozenset(RUN_FIELDS)
 
 
-@dataclass(frozen=True)
-class RunStatus:
-    """One run of the status: the host's record, its log state read once, the engine's estimate and
-    what the status adds (its log stalled, its host unreachable; the page's `log_state_status`)."""
+class RunStatus(NamedTuple):
+    """One run of the status: the host's record, its log state read once (a logstate.LogState), the
+    engine's estimate and what the status adds (its log stalled, its host unreachable; the page's
+    `log_state_status`)."""
 
     run: Run
-    log: LogState | None = None
+    log: Any = None  # logstate.LogState | None
     eta: Estimate | None = None
     stalled: bool = False
     host_unreachable: bool = False
@@ -97,6 +104,7 @@ class RunStatus:
         run = read_run(data)
         if run is None:
             return None
+        from .logstate import LogState  # see the note at the top
         return cls(run, LogState.from_json(run.log_state), Estimate.from_json(data.get("eta"), now),
                    shown_stalled or data.get("stalled") is True, data.get("host_unreachable") is True,
                    _str(data.get("log_state_status")))
@@ -107,8 +115,7 @@ class RunStatus:
         return self.log.progress if self.log else None
 
 
-@dataclass(frozen=True)
-class StageStatus:
+class StageStatus(NamedTuple):
     """One stage of the pipeline as the status shows it: its display state (None when the record's
     is none of StageState's), its latest run's id and the engine's estimate for it."""
 
@@ -124,7 +131,7 @@ class StageStatus:
     def from_json(cls, data: Any, now: float) -> StageStatus | None:
         if not isinstance(data, dict):
             return None
-        state, deps = data.get("state"), data.get("depends_on")
+        state, deps = data.get("state") or StageState.PENDING, data.get("depends_on")
         return cls(str(data.get("name")), str(data.get("host")),
                    StageState(state) if isinstance(state, str) and state in StageState._value2member_map_ else None,
                    _str(data.get("kind")), _str(data.get("latest_run")),
@@ -134,44 +141,48 @@ class StageStatus:
 
 @dataclass(frozen=True)
 class Status:
-    """The lab: runs, stages, hosts and the pipeline's estimate, read from the schema-1 JSON once.
-    `hosts` and the pipeline's other blocks (forecast, side jobs, services, outcome) stay JSON objects:
-    the page formats them through their own readers (status_web/model.py)."""
+    """The lab: runs, stages, hosts and the pipeline's estimate, read from the schema-1 document
+    when first asked for. `hosts` and the pipeline's other blocks (forecast, side jobs, services,
+    outcome) stay JSON objects: the page formats them through readers of their own."""
 
-    runs: tuple[RunStatus, ...]
-    stages: tuple[StageStatus, ...]
-    hosts: tuple[dict, ...]
-    pipeline: Estimate | None
-    now: float  # the time the relative encodings (eta_s) were read against
-    json: dict = field(repr=False, compare=False)  # the document, as collect made it (to_json's answer)
+    json: dict = field(repr=False)  # the document, as collect made it (to_json's answer)
+    now: float = 0.0  # the time the relative encodings (eta_s) are read against
 
     @classmethod
     def from_json(cls, data: Any, now: float) -> Status:
         """Any JSON value: what is not a status reads as an empty one."""
-        data = data if isinstance(data, dict) else {}
-
-        def each(key: str) -> list:
-            v = data.get(key)
-            return v if isinstance(v, list) else []
-        runs = tuple(r for r in (RunStatus.from_json(d, now) for d in each("runs")) if r is not None)
-        stages = tuple(s for s in (StageStatus.from_json(d, now) for d in each("stages")) if s is not None)
-        return cls(runs, stages, tuple(h for h in each("hosts") if isinstance(h, dict)),
-                   Estimate.from_json(data.get("pipeline"), now), now, data)
+        return cls(data if isinstance(data, dict) else {}, now)
 
     def to_json(self) -> dict:
         """The schema-1 document (a shallow copy: an edge adds its own keys, as /api/status does)."""
         return dict(self.json)
 
+    def _each(self, key: str) -> list:
+        v = self.json.get(key)
+        return v if isinstance(v, list) else []
+
+    @cached_property
+    def runs(self) -> tuple[RunStatus, ...]:
+        return tuple(r for r in (RunStatus.from_json(d, self.now) for d in self._each("runs")) if r is not None)
+
+    @cached_property
+    def stages(self) -> tuple[StageStatus, ...]:
+        return tuple(s for s in (StageStatus.from_json(d, self.now) for d in self._each("stages")) if s is not None)
+
+    @cached_property
+    def hosts(self) -> tuple[dict, ...]:
+        return tuple(h for h in self._each("hosts") if isinstance(h, dict))
+
+    @cached_property
+    def pipeline(self) -> Estimate | None:
+        return Estimate.from_json(self.json.get("pipeline"), self.now)
+
+    @cached_property
+    def _by_id(self) -> dict[str, RunStatus]:
+        return {r.run.id: r for r in self.runs}
+
     def run(self, run_id: str | None) -> RunStatus | None:
         return self._by_id.get(run_id) if run_id else None
-
-    @property
-    def _by_id(self) -> dict[str, RunStatus]:
-        cached = self.__dict__.get("_by_id_cache")
-        if cached is None:
-            cached = {r.run.id: r for r in self.runs}
-            object.__setattr__(self, "_by_id_cache", cached)
-        return cached
 
     def block(self, key: str) -> dict:
         """A top-level JSON object of the document (pipeline, outcome, config), {} when absent."""
