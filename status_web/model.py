@@ -119,7 +119,7 @@ def run_finish(run: RunStatus | None, stage: StageStatus | None) -> Finish | Non
 # -- the overview grid --------------------------------------------------------------------------
 
 def progress_view(log_state: LogState | Any) -> dict | None:
-    ls = log_state if isinstance(log_state, LogState) else LogState.from_json(log_state)
+    ls = log_of(log_state)
     prog = ls.progress if ls else None
     if prog is None:
         return None
@@ -148,7 +148,7 @@ def state_file_note(run: RunStatus | dict) -> str:
 
 def _stage_of(stage: StageStatus | dict, now: float) -> StageStatus:
     got = stage if isinstance(stage, StageStatus) else StageStatus.from_json(stage, now)
-    return got or StageStatus("None", "None", None)
+    return got or StageStatus("None", "None", None)  # not a stage record: a cell of no known state
 
 
 def _run_of(run: RunStatus | dict | None, now: float) -> RunStatus | None:
