@@ -110,3 +110,48 @@ def test_no_fit_turns_the_check_into_a_warning(conf):
                        text=True, env=env, timeout=120)
     fits = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "fit"]
     assert [c["verdict"] for c in fits] == ["WARN"] and "EAGLELAB_NO_FIT=1" in fits[0]["detail"]
+
+
+HOST_PIPELINE = """\
+vars: {model: MODEL}
+stages:
+  serve:
+    kind: service
+    host: local
+    command: ["${python}", "-m", "eaglelab.stages.serve", "--model", "${model}", "--device", "cuda",
+              "--tensor-parallel", "1", "--gpu-memory-utilization", "0.9", "--max-model-len", "8192"]
+    inputs: ["${model}"]
+    ready: {log_regex: "ready", timeout_s: 60}
+  job:
+    host: local
+    command: ["true"]
+    needs: [serve]
+"""
+
+
+def test_preflight_plans_with_the_models_own_config_json_as_the_host_reads_it(tmplab):
+    """${model} is relative to the host's repo_dir: there the host holds a 70B-like model (its config.json,
+    140 GB of safetensors as a sparse file), while this checkout has no such directory and the facts file
+    says a tiny model. `lab plan --offline` (no host) plans the facts file's; preflight's fit check reads the
+    host's answer and refuses the server on a 24 GiB GPU."""
+    host_repo = tmplab.root / "hostrepo"
+    model = host_repo / "models" / "big"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256}))
+    with open(model / "model.safetensors", "wb") as f:
+        f.truncate(140 * 10**9)  # sparse: its size is what the host reports, no disk is used
+    lab_yaml = tmplab.conf / "lab.yaml"
+    lab_yaml.write_text(lab_yaml.read_text().replace(f"repo_dir: {REPO}", f"repo_dir: {host_repo}"))
+    tmplab.write_pipeline(HOST_PIPELINE.replace("MODEL", "models/big"))
+    (tmplab.conf / "facts").mkdir()
+    (tmplab.conf / "facts" / "test.yaml").write_text(
+        "model: {name: tiny, layers: 4, hidden_size: 128, vocab_size: 4096, heads: 4, kv_heads: 2,\n"
+        "        intermediate_size: 256, weight_bytes: 3300000}\nhosts:\n  local: {gpu_memory_gib: 24}\n")
+    offline = json.loads(tmplab.lab("plan", "--offline", "--json").stdout)["plan"]
+    assert offline["fits"] is True and offline["facts"].endswith("facts/test.yaml")
+    p = tmplab.lab("preflight", "serve", "--json", check=False)
+    fits = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "fit"]
+    assert [c["verdict"] for c in fits] == ["FAIL"], fits
+    assert fits[0]["detail"].startswith("serve: gpu") and "no KV cache" in fits[0]["detail"]

@@ -93,10 +93,18 @@ def _spec(cfg: Config, name: str) -> StageSpec:
 
 
 def make_fit_plan(cfg: Config, stages: list[str] | None = None,
-                  gpu_memory_gib: dict[str, float] | None = None) -> Plan | None:
+                  gpu_memory_gib: dict[str, float] | None = None,
+                  model: facts_mod.ModelFacts | None = None) -> Plan | None:
     """The plan of every job (and the services they need) in the pipeline's order; None without facts.
-    gpu_memory_gib: a host's GPU memory as the host itself reported it (preflight), over the facts file's."""
+    gpu_memory_gib: a host's GPU memory as the host itself reported it (preflight), over the facts file's;
+    model: the model's shape from its config.json on the host (preflight), over the facts file's."""
     facts = find_facts(cfg)
+    if model is not None:
+        if facts is None:
+            facts = facts_mod.Facts(model, source=model.source)
+        else:  # the host's config.json; the weights' bytes from the facts file if the host has no safetensors
+            keep = model.weight_bytes or facts.model.weight_bytes
+            facts = replace(facts, model=replace(model, weight_bytes=keep), source=model.source)
     if facts is None:
         return None
     if gpu_memory_gib:
