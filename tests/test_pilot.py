@@ -278,3 +278,16 @@ def test_on_one_kimi_workstation_the_pilot_has_a_window_of_its_own_before_synth(
     demo = config.load(REPO / "conf", "demo")
     assert demo.stage("pilot").during.stage == "synth" and not demo.stage("pilot").needs
     assert "synth_head" not in demo.stages and "--reuse" not in demo.stage("synth").command
+
+
+def test_an_engine_check_wanting_more_rows_than_the_head_makes_is_refused_at_load(tmp_path):
+    """In its own window the engine check runs beside synth_head: rows it would wait for forever are a
+    config error naming both keys, not a stage that hangs."""
+    from eaglelab import config
+    from eaglelab.errors import ConfigError
+    conf = tmp_path / "conf"
+    shutil.copytree(REPO / "conf", conf)
+    prof = conf / "profiles" / "kimi-k2.5.yaml"
+    prof.write_text(prof.read_text().replace("  rows: 256", "  rows: 300"))
+    with pytest.raises(ConfigError, match=r"pilot_window: own: .*engine_check.rows is 300.*vars.pilot_samples"):
+        config.load(conf, "kimi-k2.5")

@@ -76,6 +76,11 @@ def add(cfg, where: Path | None) -> list[str]:
 
     ec = cfg.stages.get(ENGINE_CHECK)
     if ec is not None and ec.during is not None and ec.during.stage == SYNTH:
+        rows, head_rows = str(cfg.pipeline.engine_check.rows), str(cfg.pipeline.vars.get("pilot_samples", ""))
+        if rows.isdigit() and head_rows.isdigit() and int(rows) > int(head_rows):
+            raise ConfigError(f"{at}: own: the engine check runs beside synth_head, which makes pilot_samples = "
+                              f"{head_rows} rows, but engine_check.rows is {rows}: it would wait for rows that never "
+                              "come; make engine_check.rows <= vars.pilot_samples")
         ec.during = ec.during.model_copy(update={"stage": HEAD})  # vLLM's counters in the first minutes
         ec.command = [*without(ec.command, ("--synth",)), "--synth", HEAD_DIR]
     head.name, data.name = HEAD, DATA
