@@ -59,6 +59,7 @@ SPLIT = ROOT / "bench" / "corpus" / "SPLIT.tsv"
 MIN_TRUTH_S = 2.0
 RECENT = 5
 METHODS = ("ours", "tqdm", "ema", "slope", "mean", "prior")
+RULES = ("tqdm", "ema", "slope", "mean")  # the simple rules ours must beat (the prior is reported, not a rule)
 CLASSES = ("rate change", "long steady", "no printed ETA", "short")
 
 
@@ -288,9 +289,13 @@ def report(label: str, scores: list[BarScore]) -> dict:
         return {}
     f = figures(scores)
     ratio = "  ".join(f"/{m} {f['ours'] / f[m]:.2f}" if f[m] else f"/{m} -" for m in METHODS[1:])
+    best = min(RULES, key=lambda m: f[m])
+    f["best_rule"], f["ratio_best"] = best, f["ours"] / f[best] if f[best] else float("inf")
+    verdict = "beats every rule" if f["ratio_best"] < 1 else "LOSES"
     print(f"  {label:16s} {f['bars']:3d} bars {f['obs']:5d} obs | ours {f['ours']:.3f} tqdm {f['tqdm']:.3f} "
           f"ema {f['ema']:.3f} slope {f['slope']:.3f} mean {f['mean']:.3f} prior {f['prior']:.3f} | "
-          f"ours{ratio} | cov {f['coverage']:.1%} (bars {f['coverage_bars']:.0%}) width {f['width']:.2f}")
+          f"ours{ratio} | best rule {best} {f['ratio_best']:.2f}: {verdict} | "
+          f"cov {f['coverage']:.1%} (bars {f['coverage_bars']:.0%}) width {f['width']:.2f}")
     return f
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,6 +94,24 @@ def h200_rows() -> list[dict]:
     return rows
 
 
+def remote_config_rows() -> list[dict]:
+    """Kimi-K2.5 as its own config class builds the drafter (--shape kimi_remote: no head_dim, so 7168 / 64 =
+    112-wide heads; issue 29 item 5), the full train's argv, on the H200
+    (bench/results/gpu_train_real_h200_kimi_remote.json). The planner is given head_dim 112; not tuned on."""
+    path = REPO / "bench" / "results" / "gpu_train_real_h200_kimi_remote.json"
+    if not path.is_file():
+        return []
+    m = replace(facts_mod.load_facts(REPO / "conf" / "facts" / "kimi-k2.5.yaml").model, head_dim=0)  # 7168 // 64
+    runs = [r for r in json.loads(path.read_text()) if "summary" in r]
+    rows = measured_train_rows(m, runs, "H200 train, Kimi's own config class (head 112)")
+    rest = memory.train_phases(m, 32000, 0)["rest"]
+    at_rest = [e["gpu_memory_gib"]["allocated_before"] for r in runs for e in r.get("estimates") or []]
+    if at_rest:  # allocated when the estimate starts, between steps: parameters, grads, optimizer, frozen
+        rows.insert(0, _row("H200 train, Kimi's own config class: at rest (params, grads, optimizer, frozen)", rest,
+                            max(at_rest), "GiB", 0.25, "arithmetic", True))
+    return rows
+
+
 # the dense verifier bench/gpu_train_real.py builds for --shape llama8b (Llama-3-8B-like)
 LLAMA8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
            "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
@@ -130,7 +149,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 when a row is outside its tolerance")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    rows = kimi_rows() + h200_rows() + dense_rows() + demo_rows()
+    rows = kimi_rows() + h200_rows() + remote_config_rows() + dense_rows() + demo_rows()
     if a.json:
         print(json.dumps({"rows": rows}, indent=1))
     else:

@@ -110,7 +110,7 @@ def serve(conf: str, port: int, refresh_s: float) -> None:
     from status_web import create_app, server
 
     lab = Lab.load(conf)
-    source = lambda: collect(lab, refresh=False)
+    source = lambda: collect(lab, refresh=False).to_json()
     app = create_app(lab, refresh_s=refresh_s, refresher=os.environ.get("BENCH_REFRESHER", "process"),
                      ask_hosts=False)
     app.add_url_rule("/naive", "naive", lambda: Response(json.dumps(source()), mimetype="application/json"))

@@ -39,6 +39,12 @@ SHAPES = {
     # Kimi-K2.5's text model (DeepSeek-V3 architecture); aux layers as the kimi-k2.5 profile's
     "kimi": {"arch": "deepseek_v3", "vocab": 163840, "hidden": 7168, "layers": 61, "heads": 64, "kv_heads": 64,
              "intermediate": 18432, "aux": "2 30 58", "draft_vocab": 32000},
+    # Kimi-K2.5 as its own checkpoint declares it: config.json's auto_map names DeepSeek's remote config class
+    # (configuration_deepseek.py, read with --trust-remote-code), which sets no head_dim: speculators then
+    # derives hidden / heads = 112, not transformers' built-in 64 (issue 29, item 5)
+    "kimi_remote": {"arch": "deepseek_v3", "vocab": 163840, "hidden": 7168, "layers": 61, "heads": 64,
+                    "kv_heads": 64, "intermediate": 18432, "aux": "2 30 58", "draft_vocab": 32000,
+                    "remote_config": True},
     # a dense verifier, Llama-3-8B-like, so the planner is calibrated on two shapes
     "llama8b": {"arch": "llama", "vocab": 128256, "hidden": 4096, "layers": 32, "heads": 32, "kv_heads": 8,
                 "intermediate": 14336, "aux": "2 16 29", "draft_vocab": 32000},
@@ -75,6 +81,8 @@ def make_verifier(d: Path, s: dict) -> None:
 
     d.mkdir(parents=True, exist_ok=True)
     verifier_config(s).save_pretrained(d)
+    if s.get("remote_config"):
+        write_remote_config(d)
     vocab = {f"t{i}": i for i in range(256)} | {"<unk>": 256, "<s>": 257, "</s>": 258}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -88,6 +96,29 @@ def make_verifier(d: Path, s: dict) -> None:
     save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
     del weights
     free_gpu()
+
+
+REMOTE_CONFIG = '''"""DeepSeek-V3's config class as a checkpoint ships it for --trust-remote-code (the fields it is given,
+and no head_dim: Kimi-K2.5's configuration_deepseek.py declares none)."""
+from transformers import PretrainedConfig
+
+
+class DeepseekV3Config(PretrainedConfig):
+    model_type = "deepseek_v3"
+
+    def __init__(self, **kwargs):
+        kwargs.pop("head_dim", None)
+        super().__init__(**kwargs)
+'''
+
+
+def write_remote_config(d: Path) -> None:
+    """config.json as the real checkpoint's: no head_dim, auto_map to its own config class beside it."""
+    (d / "configuration_deepseek.py").write_text(REMOTE_CONFIG)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.pop("head_dim", None)
+    cfg["auto_map"] = {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
 def free_gpu() -> None:

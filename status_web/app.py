@@ -20,6 +20,8 @@ from urllib.parse import urlencode
 
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
 
+from eaglelab.model import RunState, StageState
+
 from . import metrics as metrics_mod
 from . import model, svg
 from .config_watch import ConfigStale, ConfigWatch
@@ -75,7 +77,7 @@ def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
             if outcome_of is None:  # one reader per loaded lab (its stages and hosts)
                 readers.clear()
                 outcome_of = readers[id(current_lab)] = OutcomeReader(current_lab)
-            status = collect(current_lab, refresh=ask_hosts)
+            status = collect(current_lab, refresh=ask_hosts).to_json()
             status["config"] = watch.view()
             try:
                 return outcome_of(status)
@@ -241,16 +243,16 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
     @app.get("/hosts")
     def hosts():
         def build(status, now):
+            st = model.read(status, now)  # read once for the page
             hs = []
-            for h in status.get("hosts") or []:
-                if isinstance(h, dict):
-                    hs.append(model.guarded(lambda h=h: {**h, "gpu_rows": model.gpus_view(h),
-                                                     "since": model.fmt_clock(model.ts(h.get("unreachable_since")), now),
-                                                     "checked": model.fmt_clock(model.ts(h.get("checked_at")), now),
-                                                     "disk": model.fmt_bytes(model.num(h.get("free_disk_bytes"))),
-                                                     "load_text": model.load_view(h.get("load")),
-                                                     "running": model.running_on(status, h.get("name"))},
-                                            {"name": str(h.get("name")), "gpu_rows": [], "running": []}))
+            for h in st.hosts:
+                hs.append(model.guarded(lambda h=h: {**h, "gpu_rows": model.gpus_view(h),
+                                                 "since": model.fmt_clock(model.ts(h.get("unreachable_since")), now),
+                                                 "checked": model.fmt_clock(model.ts(h.get("checked_at")), now),
+                                                 "disk": model.fmt_bytes(model.num(h.get("free_disk_bytes"))),
+                                                 "load_text": model.load_view(h.get("load")),
+                                                 "running": model.running_on(st, h.get("name"))},
+                                        {"name": str(h.get("name")), "gpu_rows": [], "running": []}))
             return {"hosts": hs}
         return page("hosts.html", (), build)
 
@@ -336,7 +338,7 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
         run = _find_run(current().status, run_id)
         if run is None:
             return _json_error(404, f"no run {run_id!r}")
-        if run.get("state") not in ("running", "pending", "stalled"):
+        if run.get("state") not in (RunState.RUNNING, RunState.PENDING, StageState.STALLED):
             return _json_error(409, f"{run_id} is not running ({run.get('state')})")
         return _in_background(lambda: lab.stop(run_id), io.StringIO(), snap)
 
@@ -352,11 +354,12 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
 
 
 def overview_ctx(status: dict, now: float) -> dict:
-    ov = model.overview(status, now)
-    tl = model.timeline(status, now)
+    st = model.read(status, now)  # the snapshot's JSON read once: every view below takes the object
+    ov = model.overview(st, now)
+    tl = model.timeline(st, now)
     plots = [{**p, "svg": svg.line_chart(p["points"], title=p["title"], x_label=p["x_label"],
                                          y_label=p["y_label"], css_class="chart rate")}
-             for p in model.rate_plots(status)]
+             for p in model.rate_plots(st, now)]
     return {"ov": ov, "tl": tl, "gantt": svg.gantt(tl), "plots": plots, "profile": status.get("profile")}
 
 

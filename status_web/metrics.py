@@ -13,9 +13,12 @@ from collections.abc import Callable
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
-from .model import finish_times, mapping, num, run_finish, ts
+from eaglelab.model import RunState, StageState
 
-STAGE_STATES = ("pending", "running", "completed", "failed", "killed", "stalled", "unreachable")
+from .model import read, run_finish, ts
+
+STAGE_STATES = (StageState.PENDING, StageState.RUNNING, StageState.COMPLETED, StageState.FAILED, StageState.KILLED,
+                StageState.STALLED, StageState.UNREACHABLE)
 
 
 class StatusCollector:
@@ -36,39 +39,35 @@ class StatusCollector:
                                     "When the stage's last completed run ended (Unix time)", labels=["host", "stage"])
         up = GaugeMetricFamily("eaglelab_host_up", "1 if the host answered the last poll", labels=["host"])
         pipeline = GaugeMetricFamily("eaglelab_pipeline_eta_seconds", "Seconds until the whole pipeline finishes")
-        runs = [r for r in status.get("runs") or [] if isinstance(r, dict)]
-        by_id = {r.get("id"): r for r in runs}
+        st = read(status, now)
         last_ok: dict[str, float] = {}  # stage -> end of its last completed run (one pass, not per stage)
-        for r in runs:
-            end = ts(r.get("ended_at")) if r.get("state") == "completed" else None
-            if end is not None and end > last_ok.get(str(r.get("stage")), float("-inf")):
-                last_ok[str(r.get("stage"))] = end
-        for s in status.get("stages") or []:
-            if not isinstance(s, dict):
-                continue
-            host, name = str(s.get("host")), str(s.get("name"))
-            cur = str(s.get("state"))
-            for st in STAGE_STATES:
-                state.add_metric([host, name, st], 1.0 if cur == st else 0.0)
-            run = by_id.get(s.get("latest_run")) or {}
-            prog = mapping(mapping(run.get("log_state")).get("progress"))
-            n, total = num(prog.get("n")), num(prog.get("total"))
-            if cur == "completed":
+        for r in st.runs:
+            end = ts(r.run.ended_at) if r.run.state == RunState.COMPLETED else None
+            if end is not None and end > last_ok.get(r.run.stage, float("-inf")):
+                last_ok[r.run.stage] = end
+        for s in st.stages:
+            host, name = s.host, s.name
+            cur = str(s.state)
+            for name_of_state in STAGE_STATES:
+                state.add_metric([host, name, name_of_state], 1.0 if cur == name_of_state else 0.0)
+            run = st.run(s.latest_run)
+            prog = run.progress if run else None
+            if s.state == StageState.COMPLETED:
                 progress.add_metric([host, name], 1.0)
-            elif n is not None and total:
-                progress.add_metric([host, name], max(0.0, min(1.0, n / total)))
-            if cur in ("running", "stalled"):
-                fin, _ = run_finish(run, s, now)
+            elif prog is not None and prog.total:
+                progress.add_metric([host, name], max(0.0, min(1.0, prog.n / prog.total)))
+            if s.state in (StageState.RUNNING, StageState.STALLED):
+                fin = run_finish(run, s)
                 if fin:
-                    eta.add_metric([host, name], max(0.0, fin["at"] - now))
+                    eta.add_metric([host, name], max(0.0, fin.at - now))
             if name in last_ok:
                 success.add_metric([host, name], last_ok[name])
-        for h in status.get("hosts") or []:
-            if isinstance(h, dict) and h.get("reachable") is not None:  # never asked: unknown, not down
+        for h in st.hosts:
+            if h.get("reachable") is not None:  # never asked: unknown, not down
                 up.add_metric([str(h.get("name"))], 1.0 if h.get("reachable") else 0.0)
-        fin = finish_times(status.get("pipeline"), now)
+        fin = st.pipeline.finish if st.pipeline else None
         if fin:
-            pipeline.add_metric([], max(0.0, fin["at"] - now))
+            pipeline.add_metric([], max(0.0, fin.at - now))
         yield from (progress, eta, state, success, up, pipeline)
 
 

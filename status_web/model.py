@@ -1,8 +1,11 @@
-"""From the status object (eaglelab.control.status.collect, schema 1) to what the pages show. Pure: the
-status dict and `now` in, plain dicts out; no I/O, no Flask.
+"""From the status object (eaglelab.lab_status.Status, collect()'s answer) to what the pages show. Pure:
+the status and `now` in, plain dicts out; no I/O, no Flask.
 
-Every field is read defensively: a run record from an old version, a half-written state file or a
-log that fooled the parser must cost one cell its detail, never the page (see `guarded`).
+The status is read once (`Status.from_json`, at the snapshot's page build): runs, stages and the
+engine's estimates arrive typed, a garbled field as absent. A finish time is the ETA engine's
+`Finish`, never one estimated here; clock, end and ETA words come from eaglelab.display, as the
+terminal's do. The blocks still kept as JSON (forecast, outcome, side jobs, a log's metrics and
+phases) are read through `num`/`mapping`, and `guarded` keeps one odd record to one cell.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from eaglelab import display
 from eaglelab.figures import engine_words
 from eaglelab.figures import human_duration as fmt_duration
 from eaglelab.fsutil import parse_iso
+from eaglelab.lab_status import RunStatus, StageStatus, Status
 from eaglelab.logstate import Finish, LogState
-from eaglelab.model import FINAL, exit_text
+from eaglelab.model import ACTIVE, FINAL, RunState, StageState, exit_text
 
 MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 
@@ -57,10 +62,12 @@ def fmt_bytes(n: float | None) -> str:
 
 def fmt_clock(t: float | None, now: float) -> str:
     """Local clock time; with the weekday when it is not within the next/last 20 hours."""
-    if t is None:
-        return ""
-    lt = time.localtime(t)
-    return time.strftime("%H:%M" if abs(t - now) < 20 * 3600 else "%a %H:%M", lt)
+    return display.clock(t, now)
+
+
+def read(status: Status | dict, now: float) -> Status:
+    """The status object: as given, or read once from its JSON (tests and the run page pass JSON)."""
+    return status if isinstance(status, Status) else Status.from_json(status, now)
 
 
 def config_view(status: dict, now: float) -> dict:
@@ -92,46 +99,27 @@ def guarded(build: Callable[[], dict], fallback: dict) -> dict:
 
 # -- ETAs ---------------------------------------------------------------------------------------
 
-def finish_times(eta: Any, now: float) -> dict | None:
-    """{at, low, high} (timestamps) of the ETA engine's estimate (eaglelab.model.Finish reads both
-    of its encodings); None when it says nothing usable."""
-    fin = Finish.from_json(eta, now)
-    return None if fin is None else {"at": fin.at, "low": fin.low, "high": fin.high}
-
-
-def eta_view(fin: dict | None, now: float, source: str = "", basis: str = "") -> dict | None:
-    if not fin:
+def eta_view(fin: Finish | None, now: float, basis: str = "") -> dict | None:
+    """The engine's finish in the page's words (eaglelab.display), with its times for the timeline."""
+    if fin is None:
         return None
-    rng = ""
-    if fin.get("low") is not None and fin.get("high") is not None and fin["high"] > now:
-        lo, hi = fmt_clock(fin["low"], now), fmt_clock(fin["high"], now)
-        # within one minute the clock says nothing: give the range as time from now
-        rng = f"{lo}–{hi}" if lo != hi else f"{fmt_duration(fin['low'] - now)}–{fmt_duration(fin['high'] - now)}"
-    late = now - fin["at"]
-    # Past its estimate: "overdue by 12 min (estimate was 14:05)", never "ETA 14:05 in 0s"
-    overdue = (f"{late / 3600:.1f} h" if late >= 5400 else f"{max(late / 60, 1):.0f} min") if late >= 30 else ""
-    return {"clock": fmt_clock(fin["at"], now), "range": "" if overdue else rng, "in": fmt_duration(fin["at"] - now),
-            "overdue": overdue, "source": source, "basis": basis, **fin}
+    return {**display.eta_words(fin, now), "source": "eta", "basis": basis, "at": fin.at, "low": fin.low,
+            "high": fin.high}
 
 
-def run_finish(run: dict, stage: dict | None, now: float) -> tuple[dict | None, str]:
-    """The best finish estimate for a running run: the ETA engine's (run, then stage), else the
-    parser's bar ETA (tqdm's own, no range: marked as such)."""
-    for src in (run.get("eta"), mapping(stage).get("eta")):
-        fin = finish_times(src, now)
-        if fin:
-            return fin, "eta"
-    ls = LogState.from_json(run.get("log_state"))
-    left = ls.progress.eta_s if ls and ls.progress else None
-    if left is not None:
-        return {"at": now + left, "low": None, "high": None}, "bar"
-    return None, ""
+def run_finish(run: RunStatus | None, stage: StageStatus | None) -> Finish | None:
+    """The ETA engine's finish for a running run (its own estimate, else its stage's); None when the
+    engine gave none: the page then says so rather than guess."""
+    for est in (run.eta if run else None, stage.eta if stage else None):
+        if est is not None and est.finish is not None:
+            return est.finish
+    return None
 
 
 # -- the overview grid --------------------------------------------------------------------------
 
-def progress_view(log_state: Any) -> dict | None:
-    ls = LogState.from_json(log_state)
+def progress_view(log_state: LogState | Any) -> dict | None:
+    ls = log_of(log_state)
     prog = ls.progress if ls else None
     if prog is None:
         return None
@@ -146,60 +134,76 @@ def _int_or(v: float) -> float | int:
     return int(v) if v == int(v) else v
 
 
-def state_file_note(run: dict) -> str:
+def state_file_note(run: RunStatus | dict) -> str:
     """What to say when a run has no parsed state (web.log_state_status, set by the snapshot)."""
-    status = run.get("log_state_status")
-    if run.get("log_state") is not None:
+    if isinstance(run, dict):
+        status, log_state = run.get("log_state_status"), run.get("log_state")
+    else:
+        status, log_state = run.log_state_status, run.run.log_state
+    if log_state is not None:
         return ""
     return {"missing": "no state file yet", "unreadable": "state file unreadable (half-written?)",
             "not_json_object": "state file is not a JSON object"}.get(status, "no parsed state")
 
 
-def cell(stage: dict, run: dict | None, hosts: dict[str, dict], now: float) -> dict:
+def _stage_of(stage: StageStatus | dict, now: float) -> StageStatus:
+    got = stage if isinstance(stage, StageStatus) else StageStatus.from_json(stage, now)
+    return got or StageStatus("None", "None", None)  # not a stage record: a cell of no known state
+
+
+def _run_of(run: RunStatus | dict | None, now: float) -> RunStatus | None:
+    return run if isinstance(run, RunStatus) or run is None else RunStatus.from_json(run, now)
+
+
+UNKNOWN = "unknown"  # a stage whose record names no state the page knows
+
+
+def cell(stage: StageStatus | dict, run: RunStatus | dict | None, hosts: dict[str, dict], now: float) -> dict:
     """One host × stage cell of the overview."""
-    run = run or {}
-    ls = mapping(run.get("log_state"))
-    state = str(stage.get("state") or "pending")
-    host = hosts.get(stage.get("host"), {})
-    failure = mapping(ls.get("failure"))
-    service = serving_view(stage, run, now) if state == "running" else None
-    if service is None and state == "stalled":
-        service = serving_view(stage, run, now)  # a ready server whose log went quiet is up, not stalled
-    fin, src = run_finish(run, stage, now) if state in ("running", "unreachable") and not service \
-        else (None, "")
-    detail = exit_text(run)
-    ended = state in ("completed", "failed", "killed")
-    ended_at = fmt_clock(ts(run.get("ended_at")), now) if ended else ""
-    eta = eta_view(fin, now, src, str(mapping(stage.get("eta")).get("basis") or "") if src == "eta" else "")
-    stuck = mapping(run.get("eta")).get("source") == "stalled"  # a bar quiet past its estimate's slow end
-    if (state == "stalled" or stuck) and not service:
-        eta = {"unknown": "stalled: " + (str(mapping(run.get("eta")).get("reason")) if stuck and state != "stalled"
+    st, rs = _stage_of(stage, now), _run_of(run, now)
+    r = rs.run if rs else None
+    log = rs.log if rs else None
+    state = st.state or UNKNOWN
+    host = hosts.get(st.host, {})
+    failure = log.failure if log else None
+    service = serving_view(st, rs, now) if state in (StageState.RUNNING, StageState.STALLED) else None
+    # (stalled: a ready server whose log went quiet is up, not stalled)
+    ended = state in FINAL
+    fin = run_finish(rs, st) if state in (StageState.RUNNING, StageState.UNREACHABLE) and not service else None
+    basis = (st.eta.basis or "") if st.eta and fin is not None else ""
+    eta = eta_view(fin, now, basis)
+    stuck = rs is not None and rs.eta is not None and rs.eta.stalled  # a bar quiet past its estimate's slow end
+    if (state == StageState.STALLED or stuck) and not service:
+        eta = {"unknown": "stalled: " + (str(rs.eta.reason) if stuck and state != StageState.STALLED
                                          else "no progress") + ", so no finish time"}  # not 0, not the last estimate
+    started = display.clock(ts(r.started_at), now) if r else ""
+    ended_at = display.clock(ts(r.ended_at), now) if r else ""
     return {
-        "stage": str(stage.get("name")), "host": str(stage.get("host")), "state": state,
-        "run_id": run.get("id"),
+        "stage": st.name, "host": st.host, "state": str(state),
+        "run_id": r.id if r else None,
         # an ended run shows its end, not the phase it was last in ("completed ▸ generating")
-        "phase": ls.get("phase") if isinstance(ls.get("phase"), str) and not ended and not service else None,
-        "end": (f"{state} at {ended_at}" if ended_at else state) if ended else "",
-        "progress": progress_view(ls) if state not in ("completed",) and not service else None,
+        "phase": log.phase if log and not ended and not service else None,
+        "end": (f"{state} at {ended_at}" if ended_at else str(state)) if ended else "",
+        "progress": progress_view(log) if state != StageState.COMPLETED and not service else None,
         "service": service,
         "eta": eta,
-        "detail": detail,
+        "detail": exit_text(r) if r else "",
         "failure": {"reason": str(failure.get("reason") or "other"), "message": str(failure.get("message") or "")}
         if failure else None,
-        "duration": fmt_duration(num(run.get("duration_s"))),
-        "started": fmt_clock(ts(run.get("started_at")), now), "ended": fmt_clock(ts(run.get("ended_at")), now),
-        "unreachable_since": fmt_clock(ts(host.get("unreachable_since")), now) if state == "unreachable" else "",
-        "note": state_file_note(run) if run and state in ("running", "stalled") else "",
-        "stall": str(mapping(ls.get("stall")).get("message") or "") if state == "stalled" else "",
-        "queue": queue_view(run, now) if run else None,
+        "duration": fmt_duration(num(r.duration_s)) if r else "",
+        "started": started, "ended": ended_at,
+        "unreachable_since": fmt_clock(ts(host.get("unreachable_since")), now)
+        if state == StageState.UNREACHABLE else "",
+        "note": state_file_note(rs) if rs and state in (StageState.RUNNING, StageState.STALLED) else "",
+        "stall": log.stall_message if log and state == StageState.STALLED else "",
+        "queue": queue_view(r, now) if r else None,
     }
 
 
-def queue_view(run: dict, now: float) -> dict | None:
+def queue_view(run, now: float) -> dict | None:
     """A Slurm run's place: job id, Slurm's state and reason, queue position, time queued, Slurm's
     own start estimate, the nodes (None for a run of another kind of host)."""
-    sl = mapping(run.get("slurm"))
+    sl = mapping(run.slurm)
     if not sl:
         return None
     reason, pos = sl.get("reason"), sl.get("queue_position")
@@ -207,37 +211,35 @@ def queue_view(run: dict, now: float) -> dict | None:
             "reason": str(reason) if reason not in (None, "None", "") else "",
             "position": pos if isinstance(pos, int) and not isinstance(pos, bool) else None,
             "queued": fmt_duration(num(sl.get("queued_s"))),
-            "start_estimate": fmt_clock(ts(sl.get("start_estimate")), now) if run.get("state") == "pending" else "",
+            "start_estimate": fmt_clock(ts(sl.get("start_estimate")), now) if run.state == RunState.PENDING else "",
             "nodes": str(sl.get("nodelist") or "")}
 
 
-def overview(status: dict, now: float) -> dict:
+def overview(status: Status | dict, now: float) -> dict:
     """Hosts × stages: one row per host, its stages as cells in pipeline order."""
-    runs = {r.get("id"): r for r in status.get("runs") or [] if isinstance(r, dict)}
-    hosts = {h.get("name"): h for h in status.get("hosts") or [] if isinstance(h, dict)}
+    st = read(status, now)
+    hosts = {h.get("name"): h for h in st.hosts}
     rows: dict[str, list] = {name: [] for name in hosts}
-    for s in status.get("stages") or []:
-        if not isinstance(s, dict):
-            continue
-        c = guarded(lambda s=s: cell(s, runs.get(s.get("latest_run")), hosts, now),
-                    {"stage": str(s.get("name")), "host": str(s.get("host")), "state": "unknown",
-                     "run_id": s.get("latest_run")})
-        rows.setdefault(str(s.get("host")), []).append(c)
+    for s in st.stages:
+        c = guarded(lambda s=s: cell(s, st.run(s.latest_run), hosts, now),
+                    {"stage": s.name, "host": s.host, "state": UNKNOWN, "run_id": s.latest_run})
+        rows.setdefault(s.host, []).append(c)
     counts: dict[str, int] = {}
     for cells in rows.values():
         for c in cells:
             counts[c["state"]] = counts.get(c["state"], 0) + 1
-    pipeline = eta_view(finish_times(status.get("pipeline"), now), now, "eta")
-    if pipeline and pipeline["at"] <= now:
-        pipeline = None  # a finish time in the past is no ETA: the outcome says when it finished
-    busy = any(c["state"] in ("running", "stalled", "unreachable") and not c.get("service")
+    fin = st.pipeline.finish if st.pipeline else None
+    # a finish time in the past is no ETA: the outcome says when it finished
+    pipeline = eta_view(fin, now) if fin is not None and fin.at > now else None
+    busy = any(c["state"] in (StageState.RUNNING, StageState.STALLED, StageState.UNREACHABLE) and not c.get("service")
                for cells in rows.values() for c in cells)
+    pipe, outcome = st.block("pipeline"), st.json.get("outcome")
     return {"rows": [{"host": hosts.get(name, {"name": name}), "cells": cells} for name, cells in rows.items()],
             "counts": counts, "pipeline": pipeline if busy else None, "busy": busy,
-            "outcome": guarded(lambda: outcome_view(status.get("outcome"), now), {"verdict": "NOT MEASURED"})
-            if status.get("outcome") is not None else None,
-            "forecast": guarded(lambda: forecast_view(mapping(status.get("pipeline")), now), {}),
-            "side_jobs": guarded(lambda: side_jobs_view(mapping(status.get("pipeline"))), [])}
+            "outcome": guarded(lambda: outcome_view(outcome, now), {"verdict": "NOT MEASURED"})
+            if outcome is not None else None,
+            "forecast": guarded(lambda: forecast_view(pipe, now), {}),
+            "side_jobs": guarded(lambda: side_jobs_view(pipe), [])}
 
 
 def side_jobs_view(pipe: dict) -> list[dict]:
@@ -377,26 +379,19 @@ def outcome_view(out: Any, now: float) -> dict:
     }
 
 
-def serving_view(stage: dict, run: dict, now: float) -> dict | None:
+def serving_view(stage: StageStatus, run: RunStatus | None, now: float) -> dict | None:
     """A ready service: since when it serves and how busy it is (vLLM's periodic stats), instead of
     its long-finished weight-loading bar and ETA."""
-    ls = mapping(run.get("log_state"))
-    if stage.get("kind") != "service" or not ls.get("ready"):
+    ls = run.log if run else None
+    if stage.kind != "service" or ls is None or not ls.ready:
         return None
-    start = ts(run.get("started_at"))
-    for p in ls.get("phases") or []:  # ready after the phases before `serving`
-        if not isinstance(p, dict) or p.get("name") == "serving":
+    start = ts(run.run.started_at)
+    for p in ls.phases:  # ready after the phases before `serving`
+        if p.name == "serving":
             break
-        if start is not None and num(p.get("duration_s")) is not None:
-            start += num(p["duration_s"])
-    metrics = mapping(ls.get("metrics"))
-
-    def last(name):
-        series = metrics.get(name)
-        if isinstance(series, list) and series and isinstance(series[-1], (list, tuple)) and len(series[-1]) >= 2:
-            return num(series[-1][1])
-        return None
-    gen, reqs, prompt = last("vllm/gen_tokens_per_s"), last("vllm/running_reqs"), last("vllm/prompt_tokens_per_s")
+        if start is not None and p.duration_s is not None:
+            start += p.duration_s
+    gen, reqs, prompt = (ls.last(f"vllm/{k}") for k in ("gen_tokens_per_s", "running_reqs", "prompt_tokens_per_s"))
     load = [f"{gen:.1f} tokens/s generated" if gen is not None else "",
             f"{prompt:.1f} prompt tokens/s" if prompt is not None else "",
             f"{reqs:.0f} requests running" if reqs is not None else ""]
@@ -406,140 +401,119 @@ def serving_view(stage: dict, run: dict, now: float) -> dict | None:
 
 # -- the pipeline timeline ------------------------------------------------------------------------
 
-def timeline(status: dict, now: float) -> dict:
+def timeline(status: Status | dict, now: float) -> dict:
     """Rows of segments: finished runs as they ran, the running one so far and its predicted rest,
-    then the stages still to come, each after the ones it depends on. Predictions come from the
-    ETA engine when it gave them; otherwise a stage to come lasts what its last completed run took."""
-    runs = [r for r in status.get("runs") or [] if isinstance(r, dict)]
-    by_id = {r.get("id"): r for r in runs}
+    then the stages still to come, each after the ones it depends on. Predictions are the ETA
+    engine's; a stage it has no estimate for says why instead of being drawn."""
+    st = read(status, now)
     ends: dict[str, float] = {}  # predicted or real end of each stage, for its dependants
     rows = []
-    for s in status.get("stages") or []:
-        if not isinstance(s, dict):
-            continue
-        row = guarded(lambda s=s: _timeline_row(s, by_id.get(s.get("latest_run")), runs, ends, now),
-                      {"stage": str(s.get("name")), "segments": [], "note": "unreadable"})
+    for s in st.stages:
+        row = guarded(lambda s=s: _timeline_row(s, st.run(s.latest_run), ends, now),
+                      {"stage": s.name, "segments": [], "note": "unreadable"})
         rows.append(row)
     hidden = 0
     if len(rows) > MAX_TIMELINE_ROWS:  # a big lab: what is still to happen, and what went wrong
-        critical = set(mapping(status.get("pipeline")).get("critical_path") or [])
-        keep = [r for r in rows if r["stage"] in critical or r.get("state") not in ("completed", "pending")
+        critical = set(st.pipeline.critical_path if st.pipeline else ())
+        keep = [r for r in rows if r["stage"] in critical
+                or r.get("state") not in (RunState.COMPLETED, RunState.PENDING)
                 or any(seg["kind"] == "predicted" for seg in r["segments"])][:MAX_TIMELINE_ROWS]
         hidden, rows = len(rows) - len(keep), keep
     starts = [seg["start"] for r in rows for seg in r["segments"]]
     stops = [seg.get("high") or seg["end"] for r in rows for seg in r["segments"]]
-    fin = finish_times(status.get("pipeline"), now)
-    if fin is None and any(seg["kind"] == "predicted" for r in rows for seg in r["segments"]):
-        fin = {"at": max(ends.values()), "low": None, "high": None}
+    fin = st.pipeline.finish if st.pipeline else None
     t0 = min(starts + [now])
-    t1 = max(stops + [now] + ([fin.get("high") or fin["at"]] if fin else []))
+    t1 = max(stops + [now] + ([fin.high or fin.at] if fin else []))
     pad = max((t1 - t0) * 0.03, 30.0)
-    unknown = [r["stage"] for r in rows if not r["segments"] and r.get("state") == "pending"][:10]
+    unknown = [r["stage"] for r in rows if not r["segments"] and r.get("state") == RunState.PENDING][:10]
     queued = any(seg["kind"] == "queued" for r in rows for seg in r["segments"])
     return {"rows": rows, "start": t0 - pad, "end": t1 + pad, "now": now, "hidden": hidden, "queued": queued,
-            "finish": fin, "finish_view": eta_view(fin, now, "eta"), "unestimated": unknown,
-            "sources": estimate_sources(status), "never_ran": not runs}
+            "finish": fin, "finish_view": eta_view(fin, now), "unestimated": unknown,
+            "sources": estimate_sources(st), "never_ran": not st.runs}
 
 
-def _timeline_row(stage: dict, run: dict | None, runs: list[dict], ends: dict, now: float) -> dict:
-    name = str(stage.get("name"))
+def _predicted(name: str, begin: float, fin: Finish, tip: str) -> dict:
+    return {"kind": "predicted", "start": begin, "end": fin.at, "low": fin.low, "high": fin.high, "tip": f"{name}: {tip}"}
+
+
+def _timeline_row(stage: StageStatus, rs: RunStatus | None, ends: dict, now: float) -> dict:
+    name = stage.name
+    run = rs.run if rs else None
     # the run's own state draws the bar: a stage shown `unreachable` may hold a run that ended
-    state = str((run or {}).get("state") or stage.get("state") or "pending")
-    if state == "running" and stage.get("state") in ("stalled", "unreachable"):
-        state = str(stage.get("state"))
+    state = run.state if run else (stage.state or StageState.PENDING)
+    if state == RunState.RUNNING and stage.state in (StageState.STALLED, StageState.UNREACHABLE):
+        state = stage.state
     segs = []
     note = ""
-    start = ts((run or {}).get("started_at"))
-    submitted = ts(mapping((run or {}).get("slurm")).get("submitted_at"))
-    queue_end = start if start is not None else (now if state == "pending" else None)
+    start = ts(run.started_at) if run else None
+    submitted = ts(mapping(run.slurm).get("submitted_at")) if run else None
+    queue_end = start if start is not None else (now if state == RunState.PENDING else None)
     if submitted is not None and queue_end is not None and queue_end > submitted:
         # queue time is its own segment: Slurm's wait is not the stage's work
         segs.append({"kind": "queued", "start": submitted, "end": queue_end,
                      "tip": f"{name}: queued {fmt_duration(queue_end - submitted)}"})
-    deps_end = max([ends[d] for d in stage.get("depends_on") or [] if d in ends] + [now])
+    deps_end = max([ends[d] for d in stage.depends_on if d in ends] + [now])
+    again = stage.eta
+    fin = again.finish if again else None
     if run and start is not None and state in FINAL:
-        end = ts(run.get("ended_at")) or start + (num(run.get("duration_s")) or 0)
-        segs.append({"kind": state, "start": start, "end": end,
+        end = ts(run.ended_at) or start + (num(run.duration_s) or 0)
+        segs.append({"kind": str(state), "start": start, "end": end,
                      "tip": f"{name}: {state}, {fmt_duration(end - start)}"})
-        ends[name] = end if state == "completed" else now
-        again = mapping(stage.get("eta"))
-        fin = finish_times(again, now)
-        if again.get("assumes_rerun") and fin and fin["at"] > now:  # upstream reruns: so will this
-            begin = ts(again.get("start_at")) or deps_end
-            segs.append({"kind": "predicted", "start": begin, "end": fin["at"], "low": fin.get("low"),
-                         "high": fin.get("high"), "tip": f"{name}: rerun predicted {fmt_clock(begin, now)}–"
-                                                         f"{fmt_clock(fin['at'], now)}"})
-            ends[name] = fin["at"]
-    elif run and start is not None and state in ("running", "stalled", "unreachable"):
-        segs.append({"kind": state, "start": start, "end": now, "tip": f"{name}: {state} for {fmt_duration(now - start)}"})
-        fin, _src = run_finish(run, stage, now)
-        if fin and fin["at"] > now:
-            segs.append({"kind": "predicted", "start": now, "end": fin["at"], "low": fin.get("low"),
-                         "high": fin.get("high"), "tip": f"{name}: predicted to finish at {fmt_clock(fin['at'], now)}"
-                                                         f"{_basis(stage)}"})
-        ends[name] = fin["at"] if fin else now
+        ends[name] = end if state == RunState.COMPLETED else now
+        if again and again.assumes_rerun and fin and fin.at > now:  # upstream reruns: so will this
+            begin = again.start_at or deps_end
+            segs.append(_predicted(name, begin, fin, f"rerun predicted {fmt_clock(begin, now)}–{fmt_clock(fin.at, now)}"))
+            ends[name] = fin.at
+    elif run and start is not None and state in (RunState.RUNNING, StageState.STALLED, StageState.UNREACHABLE):
+        segs.append({"kind": str(state), "start": start, "end": now,
+                     "tip": f"{name}: {state} for {fmt_duration(now - start)}"})
+        fin = run_finish(rs, stage)
+        if fin and fin.at > now:
+            segs.append({**_predicted(name, now, fin, f"predicted to finish at {fmt_clock(fin.at, now)}{_basis(stage)}")})
+        ends[name] = fin.at if fin else now
+    elif fin is not None:
+        begin = again.start_at or deps_end
+        segs.append(_predicted(name, begin, fin, f"predicted {fmt_clock(begin, now)}–{fmt_clock(fin.at, now)}"
+                                                 f"{_basis(stage)}"))
+        ends[name] = fin.at
     else:
-        fin = finish_times(stage.get("eta"), now)
-        est = _last_duration(name, runs)
-        if fin is not None:
-            begin = ts(mapping(stage.get("eta")).get("start_at")) or deps_end
-            segs.append({"kind": "predicted", "start": begin, "end": fin["at"], "low": fin.get("low"),
-                         "high": fin.get("high"), "tip": f"{name}: predicted {fmt_clock(begin, now)}–"
-                                                         f"{fmt_clock(fin['at'], now)}{_basis(stage)}"})
-            ends[name] = fin["at"]
-        elif est is not None:
-            segs.append({"kind": "predicted", "start": deps_end, "end": deps_end + est,
-                         "tip": f"{name}: about {fmt_duration(est)} (its last run)"})
-            ends[name] = deps_end + est
-        else:
-            note = str(mapping(stage.get("eta")).get("reason") or "no estimate yet (never completed)")
-            ends[name] = deps_end
-    return {"stage": name, "state": state, "segments": segs, "note": note}
+        note = (again.reason if again else None) or "no estimate yet (never completed)"
+        ends[name] = deps_end
+    return {"stage": name, "state": str(state), "segments": segs, "note": note}
 
 
-def _basis(stage: dict) -> str:
+def _basis(stage: StageStatus) -> str:
     """What a stage's estimate rests on, for a tooltip: "prior: 64 samples at ...", "learned from
     2 runs: ...", "live" (the ETA engine's words)."""
-    basis = mapping(stage.get("eta")).get("basis")
-    return f" ({basis})" if isinstance(basis, str) and basis and basis != "done" else ""
+    basis = stage.eta.basis if stage.eta else None
+    return f" ({basis})" if basis and basis != "done" else ""
 
 
-def estimate_sources(status: dict) -> str:
+def estimate_sources(status: Status) -> str:
     """How the stages still to finish are estimated, counted: "live 1 · learned 2 · prior 5"."""
     names = {"progress": "live", "mixed": "live", "prior": "prior", "learned": "learned",
              "history": "history", "other_host": "other hosts", "size": "size", "unknown": "none"}
     counts: dict[str, int] = {}
-    for s in status.get("stages") or []:
-        src = mapping(mapping(s).get("eta")).get("source")
-        if isinstance(src, str) and src != "done":
+    for s in status.stages:
+        src = s.eta.source if s.eta else None
+        if src and src != "done":
             key = names.get(src, src)
             counts[key] = counts.get(key, 0) + 1
     order = ["live", "learned", "history", "prior", "size", "other hosts", "none"]
     return " · ".join(f"{k} {counts[k]}" for k in sorted(counts, key=lambda k: order.index(k) if k in order else 99))
 
 
-def _last_duration(stage: str, runs: list[dict]) -> float | None:
-    done = [num(r.get("duration_s")) for r in runs if r.get("stage") == stage and r.get("state") == "completed"]
-    done = [d for d in done if d is not None]
-    return done[-1] if done else None
-
-
 # -- rate plots -----------------------------------------------------------------------------------
 
-def bar_history(log_state: Any) -> list[tuple[float, float]]:
+def log_of(log_state: LogState | Any) -> LogState | None:
+    """The log state object: as given, or read once from its JSON (the run page passes JSON)."""
+    return log_state if isinstance(log_state, LogState) else LogState.from_json(log_state)
+
+
+def bar_history(log_state: LogState | Any) -> list[tuple[float, float]]:
     """The current bar's (elapsed_s, n) samples from the state JSON (progress.history), in order."""
-    hist = mapping(mapping(log_state).get("progress")).get("history")
-    out = []
-    for item in hist if isinstance(hist, list) else []:
-        if isinstance(item, dict):
-            e, n = num(item.get("elapsed_s")), num(item.get("n"))
-        elif isinstance(item, (list, tuple)) and len(item) >= 2:
-            e, n = num(item[0]), num(item[1])
-        else:
-            continue
-        if e is not None and n is not None:
-            out.append((e, n))
-    return out
+    ls = log_of(log_state)
+    return list(ls.progress.history) if ls and ls.progress else []
 
 
 def seconds_per_item(samples: list[tuple[float, float]], resolution_s: float = 1.0,
@@ -564,18 +538,18 @@ def seconds_per_item(samples: list[tuple[float, float]], resolution_s: float = 1
     return out
 
 
-def rate_plots(status: dict) -> list[dict]:
+def rate_plots(status: Status | dict, now: float = 0.0) -> list[dict]:
     """One plot per running run whose current bar has a history: time per item over the run."""
     plots = []
-    for r in status.get("runs") or []:
-        if not isinstance(r, dict) or r.get("state") != "running":
+    for rs in read(status, now).runs:
+        r, prog = rs.run, rs.progress
+        if r.state != RunState.RUNNING:
             continue
-        ls = mapping(r.get("log_state"))
-        prog = mapping(ls.get("progress"))
-        pts = seconds_per_item(bar_history(ls))
-        unit = str(prog.get("unit") or "it")
-        title = " · ".join(str(x) for x in (r.get("stage"), ls.get("phase") or prog.get("label")) if x)
-        plots.append({"run_id": r.get("id"), "stage": r.get("stage"), "host": r.get("host"), "title": title,
+        pts = seconds_per_item(list(prog.history)) if prog else []
+        unit = prog.unit if prog else "it"
+        title = " · ".join(x for x in (r.stage, (rs.log.phase if rs.log else None) or (prog.label if prog else ""))
+                           if x)
+        plots.append({"run_id": r.id, "stage": r.stage, "host": r.host, "title": title,
                       "points": pts, "unit": unit, "x_label": f"{unit} (item index)",
                       "y_label": f"s/{unit}"})
     return plots
@@ -609,27 +583,17 @@ def split_metrics(series: list[dict]) -> tuple[list[dict], list[dict]]:
     return plots, [m for m in ordered if m not in plots]
 
 
-def metric_series(log_state: Any) -> list[dict]:
-    """Each metric as (step, value) points; malformed entries are dropped, not fatal."""
-    out = []
-    for name, series in sorted(mapping(mapping(log_state).get("metrics")).items()):
-        pts = []
-        for item in series if isinstance(series, list) else []:
-            if isinstance(item, (list, tuple)) and len(item) >= 2 and num(item[0]) is not None \
-                    and num(item[1]) is not None:
-                pts.append((num(item[0]), num(item[1])))
-        if pts:
-            out.append({"name": str(name), "points": pts, "last": pts[-1][1], "count": len(pts)})
-    return out
+def metric_series(log_state: LogState | Any) -> list[dict]:
+    """Each metric as (step, value) points (LogState.metrics: malformed entries dropped, not fatal)."""
+    ls = log_of(log_state)
+    return [{"name": name, "points": list(pts), "last": pts[-1][1], "count": len(pts)}
+            for name, pts in sorted((ls.metrics if ls else {}).items())]
 
 
-def phases_view(log_state: Any) -> list[dict]:
-    out = []
-    for p in mapping(log_state).get("phases") or []:
-        if isinstance(p, dict):
-            out.append({"name": str(p.get("name") or "?"), "duration": fmt_duration(num(p.get("duration_s"))),
-                        "started_line": p.get("started_line"), "ended_line": p.get("ended_line")})
-    return out
+def phases_view(log_state: LogState | Any) -> list[dict]:
+    ls = log_of(log_state)
+    return [{"name": p.name, "duration": fmt_duration(p.duration_s), "started_line": p.started_line,
+             "ended_line": p.ended_line} for p in (ls.phases if ls else ())]
 
 
 def preflight_view(run: dict) -> list[dict]:
@@ -652,7 +616,7 @@ def preflight_view(run: dict) -> list[dict]:
 
 def exit_view(run: dict) -> str:
     state = run.get("state")
-    if state in ("running", "pending"):
+    if state in (RunState.RUNNING, RunState.PENDING):
         return f"{state} (pid {run.get('pid')})" if run.get("pid") else str(state)
     return f"{state}: {exit_text(run) or 'exit code 0'}" + (" (stop requested)" if run.get("stop_requested") else "")
 
@@ -696,7 +660,6 @@ def load_view(load: Any) -> str:
     return " · ".join(f"{num(v):.2f}" for v in load)
 
 
-def running_on(status: dict, host: Any) -> list[dict]:
-    return [{"id": r.get("id"), "stage": r.get("stage"), "kind": r.get("kind")}
-            for r in status.get("runs") or [] if isinstance(r, dict) and r.get("host") == host
-            and r.get("state") in ("running", "pending")]
+def running_on(status: Status, host: Any) -> list[dict]:
+    return [{"id": r.run.id, "stage": r.run.stage, "kind": r.run.kind} for r in status.runs
+            if r.run.host == host and r.run.state in ACTIVE]

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from eaglelab.fsutil import parse_iso
-from eaglelab.model import FINAL
+from eaglelab.model import FINAL, RunState, StageState
 
 LOG_BYTES = 256 * 1024  # the summary lines are at the end of short logs
 HISTORY = 20
@@ -128,7 +128,7 @@ def outcome(status: dict, kinds: dict[str, str], figures) -> dict:
     unreachable = {h.get("name") for h in status.get("hosts") or [] if isinstance(h, dict) and h.get("reachable") is False}
     runs = [r for r in status.get("runs") or [] if isinstance(r, dict) and r.get("stage") in kinds]
     evals = [r for r in runs if kinds[r["stage"]] == "eval" and r.get("state") in FINAL]
-    vocabs = [r for r in runs if kinds[r["stage"]] == "vocab" and r.get("state") == "completed"]
+    vocabs = [r for r in runs if kinds[r["stage"]] == "vocab" and r.get("state") == RunState.COMPLETED]
     coverage = next(((f or {}).get("coverage") for r in reversed(vocabs)
                      if (f := figures(r, "vocab", unreachable)) is not None), None)
     history = []
@@ -143,7 +143,7 @@ def outcome(status: dict, kinds: dict[str, str], figures) -> dict:
         return {**figs, "verdict": headline(figs["verdict"]), "eval_verdict": figs["verdict"], "coverage": coverage,
                 "eval_run": latest["id"], "measured": True, "history": history, **finished(status)}
     if latest is None:
-        running = any(r.get("state") in ("running", "pending") for r in runs if kinds[r["stage"]] == "eval")
+        running = any(r.get("state") in (RunState.RUNNING, RunState.PENDING) for r in runs if kinds[r["stage"]] == "eval")
         why = "eval is running" if running else ("no eval stage in this pipeline" if "eval" not in kinds.values()
                                                  else "eval has not run yet")
     else:
@@ -167,7 +167,7 @@ def finished(status: dict) -> dict:
     for s in status.get("stages") or []:
         if not isinstance(s, dict):
             continue
-        if s.get("state") in ("running", "stalled", "unreachable"):
+        if s.get("state") in (RunState.RUNNING, StageState.STALLED, StageState.UNREACHABLE):
             if s.get("kind") == "service":
                 continue  # a service left up does not keep the pipeline from being done
             return {"finished_at": None, "took_s": None}

@@ -163,9 +163,9 @@ def gantt(timeline: dict, *, width: int = 1000) -> Markup:
                f'<text class="nowlabel" x="{x - 4:.1f}" y="{top - 10}" text-anchor="end">now</text>')
     fin = timeline.get("finish")
     if fin:
-        x = sx(min(fin["at"], t1))
+        x = sx(min(fin.at, t1))
         out.append(f'<line class="finish" x1="{x:.1f}" x2="{x:.1f}" y1="{top - 8}" y2="{height - 22}"/>'
                    f'<text class="finlabel" x="{x + 4:.1f}" y="{top - 10}" text-anchor="start">pipeline done '
-                   f'{time.strftime("%H:%M", time.localtime(fin["at"]))}</text>')
+                   f'{time.strftime("%H:%M", time.localtime(fin.at))}</text>')
     out.append("</svg>")
     return Markup("".join(out))

@@ -55,11 +55,12 @@ PARTS: dict[str, tuple[str, ...]] = {
                "test_engine_check", "test_pilot", "test_train_*", "test_model", "test_drafter_support"),
     "pipeline": ("test_pipeline_e2e", "test_foresight_demo", "test_gates", "test_forecast_unit", "test_side_jobs"),
     "ssh": ("test_ssh_*", "test_transfers", "test_demo_spread"),
-    "web": ("test_web", "test_web_*", "test_render_status"),
+    "web": ("test_web", "test_web_*", "test_render_status", "test_status_object"),
     "ops": ("test_cron", "test_notify", "test_slurm_*", "test_settle", "test_run_object"),
     "core": ("test_config", "test_docs", "test_eta*", "test_registry", "test_runs_lifecycle", "test_services",
              "test_idle_services", "test_placement", "test_plan_settings", "test_host_imports", "test_host_await",
-             "test_stage_code", "test_import_graph", "test_cli_imports", "test_sizing", "test_fit_refusal"),
+             "test_stage_code", "test_import_graph", "test_cli_imports", "test_sizing", "test_fit_refusal",
+             "test_state_names"),
 }
 
 

@@ -384,6 +384,17 @@ def test_pipeline_finish_through_a_diamond(b_dur, c_dur, path):
     assert out["pipeline"]["eta_s"] == eta["d"]
 
 
+def test_an_order_only_after_delays_the_start_like_a_dependency():
+    """`after` (the pilot before the rest of synth in its own window): synth needs nothing of the pilot but
+    starts after it, so the pipeline's ETA lays them end to end, not side by side."""
+    hist = {"runs": [{"stage": s, "host": "gpu1", "profile": "p", "duration_s": d}
+                     for s, d in (("head", 10), ("pilot", 100), ("synth", 50))]}
+    status = {"schema": 1, "profile": "p", "runs": [],
+              "stages": [stage("head", []), stage("pilot", ["head"]), {**stage("synth", []), "after": ["pilot"]}]}
+    eta = {s["name"]: s["eta"]["eta_s"] for s in annotate(status, hist, NOW)["stages"]}
+    assert eta == {"head": 10, "pilot": 110, "synth": 160}
+
+
 def test_phase_estimates_fall_back_to_size_then_elsewhere():
     hist = History.from_dict({**HISTORY, "expected_items": {"extract": {"extraction": 100}}})
     same = phase_estimate(hist, "extract", "gpu1", "demo", "graph_capture")

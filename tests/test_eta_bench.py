@@ -32,14 +32,14 @@ def _scores() -> list:
     return out
 
 
-def test_the_estimator_stays_level_with_the_simple_rules_on_a_fixed_part_of_the_bench():
-    # 2026-12-04 (after the range change): ours 0.086, tqdm 0.113, EMA 0.106, recent slope 0.081, mean rate 0.200,
-    # coverage 82% (was: ours 0.087, coverage 82%)
+def test_the_estimator_beats_every_simple_rule_on_a_fixed_part_of_the_bench():
+    # 2026-12-04, after the young-bar rule (a bar seen for under 8 clock ticks takes its printed rate):
+    # ours 0.078, tqdm 0.113, EMA 0.106, recent slope 0.081, mean rate 0.200, coverage 82%
+    # (before it: ours 0.086, losing to the recent slope's 0.081)
     scores = _scores()
     assert len(scores) == len(PART) + len(SYNTHETIC)
     fig = bench_eta.figures(scores)
-    assert fig["ours"] < min(fig["tqdm"], fig["ema"], fig["mean"]), fig
-    assert fig["ours"] <= 1.15 * fig["slope"], fig
-    assert 0.7 <= fig["coverage"] <= 0.95, fig
+    assert fig["ours"] < min(fig[m] for m in bench_eta.RULES), fig
+    assert 0.75 <= fig["coverage"] <= 0.85, fig
     per_bar = [statistics.median(s.errs["ours"]) for s in scores]
     assert max(per_bar) < 0.5, per_bar

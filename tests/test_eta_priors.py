@@ -126,7 +126,7 @@ def test_an_unmeasurable_input_without_a_fallback_has_no_estimate_and_says_why(t
         """)
     cfg = config.load(tmplab.conf, "blind")
     lab = Lab(cfg, Registry(tmplab.logs / "registry.sqlite"))
-    st = collect(lab)
+    st = collect(lab).to_json()
     e = next(s["eta"] for s in st["stages"] if s["name"] == "tokens")
     assert e["eta_s"] is None and e["source"] == "unknown"
     assert "plain file" in e["reason"] and "tokens" in e["reason"]
@@ -157,14 +157,14 @@ def test_the_shipped_profiles_estimate_every_stage_before_any_ran(tmp_path, prof
     lab_yaml = conf / "lab.yaml"
     lab_yaml.write_text(lab_yaml.read_text().replace("logs_dir: logs", f"logs_dir: {tmp_path / 'logs'}"))
     lab = Lab(config.load(conf, profile), Registry(tmp_path / "registry.sqlite"))
-    st = collect(lab, refresh=False)  # kimi's host is not reachable from here: the declared sizes
+    st = collect(lab, refresh=False).to_json()  # kimi's host is not reachable from here: the declared sizes
     assert st["pipeline"]["unknown"] == [] and st["pipeline"]["finish_at"]
     eta = {s["name"]: s["eta"] for s in st["stages"]}
     assert all(e["source"] == "prior" for e in eta.values())
-    if profile == "kimi-k2.5":  # the seeds' figures for the seeds' sizes
-        alone = {n: (e["eta_s"] - (eta[n2]["eta_s"] if n2 else 0)) / 3600 for n, n2, e in
-                 [(n, d, eta[n]) for n, d in (("synth", "serve_target"), ("extract", "serve_extract"),
-                                              ("train", "extract"))]}
+    if profile == "kimi-k2.5":  # the seeds' figures for the seeds' sizes, each after what it waits for
+        # (synth after the pilot in its own window, `after`; extract after prepare; train after extract)
+        alone = {n: (eta[n]["eta_s"] - eta[before]["eta_s"]) / 3600
+                 for n, before in (("synth", "pilot"), ("extract", "prepare"), ("train", "extract"))}
         assert alone == pytest.approx({"synth": 5.3, "extract": 3.8, "train": 2.6}, abs=0.05)
 
 
@@ -246,7 +246,7 @@ def test_sizes_are_measured_again_only_when_due(tmplab, monkeypatch):
     from eaglelab.control import priors
     setup(tmplab, rows=5)
     lab = Lab(config.load(tmplab.conf), Registry(tmplab.logs / "registry.sqlite"))
-    silent = lambda: next(s["eta"] for s in collect(lab)["stages"] if s["name"] == "silent")
+    silent = lambda: next(s["eta"] for s in collect(lab).to_json()["stages"] if s["name"] == "silent")
     assert "5 samples" in silent()["basis"]
     write_rows(tmplab.root / "rows.jsonl", 9)
     assert "5 samples" in silent()["basis"]  # the last measurement, still fresh

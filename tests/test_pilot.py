@@ -153,6 +153,26 @@ def test_a_rerun_skips_the_finished_steps_and_still_reports_the_curve(ran):
     assert manifest.read(out)["extra"]["checkpoints"] == 2
 
 
+def test_through_vocab_stops_before_the_train(ran):
+    """pilot_data's `--through vocab` (the pilot's own window): its steps whole, then it stops; no pilot
+    manifest, so the stage `pilot` after it finds those steps done and trains (as the rerun test shows)."""
+    out = ran["out"]  # in place (the ledger holds its paths), put back as it was after
+    kept = {f: (out / f).read_bytes() for f in (manifest.NAME, pilot.LEDGER)}
+    try:
+        (out / manifest.NAME).unlink()
+        ledger = json.loads(kept[pilot.LEDGER])
+        del ledger["steps"]["train"]  # as after pilot_data: the train never started
+        (out / pilot.LEDGER).write_text(json.dumps(ledger))
+        p = run_pilot(ran["root"], out, "--through", "vocab").stdout
+        assert len(re.findall(rb"^pilot: step \d/5 \w+ \(8 samples\): done earlier", p, re.M)) == 3
+        assert re.search(rb"^pilot: stopping after step 3/5 vocab \(--through vocab\)", p, re.M)
+        assert b"step 4/5 train" not in p and manifest.read(out) is None
+        assert "train" not in json.loads((out / pilot.LEDGER).read_text())["steps"]
+    finally:
+        for f, data in kept.items():
+            (out / f).write_bytes(data)
+
+
 def test_a_failing_stage_fails_the_pilot_naming_the_step_and_its_last_lines(ran, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(ran["root"] / "model", model)
@@ -236,20 +256,38 @@ def test_the_tail_reads_each_line_once_and_waits_for_a_torn_one(tmp_path):
     assert [s["id"] for s in tail.stubs] == ["z"]
 
 
-def test_on_one_kimi_workstation_the_pilot_waits_for_the_gap_after_synth_with_one_server_swap():
-    """Kimi-K2.5 does not fit one GPU and synth's server holds all 8: the pilot is an ordinary stage
-    that needs serve_extract, after the last user of serve_target and before the extract it forecasts."""
+def test_on_one_kimi_workstation_the_pilot_has_a_window_of_its_own_before_synth():
+    """Kimi-K2.5 does not fit one GPU and every server holds all 8 (~14 GiB left on each): the pilot goes
+    first (pilot_window: own): synth's first rows, serve_extract for its data, its train on a GPU of its own,
+    then synth's server again for the rest (eaglelab.pilot_window; the hand-over itself: test_services)."""
     from eaglelab import config
     cfg = config.load(REPO / "conf", "kimi-k2.5")
-    p = cfg.stage("pilot")
-    assert p.during is None and p.needs == ["serve_extract"]
+    p, data, head = cfg.stage("pilot"), cfg.stage("pilot_data"), cfg.stage("synth_head")
+    assert p.during is None and p.needs == [] and p.gpus == 1 and p.depends_on == ["pilot_data"]
+    assert data.needs == ["serve_extract"] and data.command[-2:] == ["--through", "vocab"]
+    assert head.needs == ["serve_synth"] and "--reuse" in cfg.stage("synth").command
     jobs = [n for n in cfg.stage_order() if cfg.stage(n).kind == "job" and cfg.stage(n).during is None]
-    assert jobs.index("synth") < jobs.index("eval_baseline") < jobs.index("pilot") < jobs.index("extract")
-    servers = [cfg.stage(n).needs[0] for n in jobs if cfg.stage(n).needs]
-    swaps = sum(a != b for a, b in zip(servers, servers[1:]))
-    # the engine check's server first (synth with the public drafter: docs/foresight.md), then the plain target for
-    # the baseline, then extract, then eval: no swap back
-    assert servers[:2] == ["serve_synth", "serve_target"] and swaps == 3, servers
+    assert jobs.index("synth_head") < jobs.index("pilot_data") < jobs.index("pilot") < jobs.index("synth") \
+        < jobs.index("eval_baseline") < jobs.index("extract")
+    servers = [cfg.stage(n).needs[0] if cfg.stage(n).needs else None for n in jobs]
+    assert servers[jobs.index("synth_head"):jobs.index("eval_baseline") + 1] == \
+        ["serve_synth", "serve_extract", None, "serve_synth", "serve_target"]
+    ec = cfg.stage("engine_check")  # vLLM's counters in synth's first minutes: beside the head
+    assert ec.during.stage == "synth_head" and ec.command[ec.command.index("--synth") + 1] == "${data}/synth_head"
     # the demo keeps it beside synth, on the CPU
-    demo = config.load(REPO / "conf", "demo").stage("pilot")
-    assert demo.during is not None and demo.during.stage == "synth" and not demo.needs
+    demo = config.load(REPO / "conf", "demo")
+    assert demo.stage("pilot").during.stage == "synth" and not demo.stage("pilot").needs
+    assert "synth_head" not in demo.stages and "--reuse" not in demo.stage("synth").command
+
+
+def test_an_engine_check_wanting_more_rows_than_the_head_makes_is_refused_at_load(tmp_path):
+    """In its own window the engine check runs beside synth_head: rows it would wait for forever are a
+    config error naming both keys, not a stage that hangs."""
+    from eaglelab import config
+    from eaglelab.errors import ConfigError
+    conf = tmp_path / "conf"
+    shutil.copytree(REPO / "conf", conf)
+    prof = conf / "profiles" / "kimi-k2.5.yaml"
+    prof.write_text(prof.read_text().replace("  rows: 256", "  rows: 300"))
+    with pytest.raises(ConfigError, match=r"pilot_window: own: .*engine_check.rows is 300.*vars.pilot_samples"):
+        config.load(conf, "kimi-k2.5")

@@ -3,6 +3,8 @@ stage needs their GPUs (the seeds stopped the inference server by hand to free t
 
 from __future__ import annotations
 
+import json
+
 SERVICE = '["${python}", "-c", "import time; time.sleep(0.5); print(\'Application startup complete\', flush=True); time.sleep(600)"]'
 
 PIPELINE = f"""\
@@ -114,3 +116,63 @@ def test_a_needed_services_flag_is_part_of_the_jobs_fingerprint(tmplab):
     assert plan["prepare"][0] == "skip", plan  # needs no service: untouched
     tmplab.write_profile("test", "vars: {}\n")  # back as it was: up to date again
     assert _plan(tmplab)["synth"][0] == "skip"
+
+
+# The pilot's own window (eaglelab.pilot_window; the kimi-k2.5 profile): where the target holds every GPU,
+# the pilot goes first: synth's first rows, serve_extract for its data, its train on a GPU of its own, then
+# synth's server again for the rest. Each job records its argv, so the rewritten commands are seen as run.
+RECORD = '"${python}", "-c", "import sys, json; open(sys.argv[1], \'a\').write(json.dumps(sys.argv[2:]) + chr(10))", "${data}/argv.jsonl"'
+WINDOW = f"""\
+vars: {{data: DATA, pilot_samples: "8"}}
+pilot_window: own
+stages:
+  serve_t:
+    kind: service
+    host: local
+    gpus: 2
+    command: {SERVICE}
+    ready: {{log_regex: "Application startup complete", timeout_s: 60}}
+    stop_grace_s: 2
+  serve_x:
+    kind: service
+    host: local
+    gpus: 2
+    command: {SERVICE}
+    ready: {{log_regex: "Application startup complete", timeout_s: 60}}
+    stop_grace_s: 2
+  synth:
+    host: local
+    command: [{RECORD}, "synth", "--out", "${{data}}/synth", "--limit", "100"]
+    needs: [serve_t]
+  pilot:
+    host: local
+    command: [{RECORD}, "pilot", "--synth", "${{data}}/synth", "--out", "${{data}}/pilot"]
+    needs: [serve_x]
+  extract:
+    host: local
+    command: [{RECORD}, "extract"]
+    needs: [serve_x]
+    depends_on: [synth]
+"""
+
+
+def test_the_pilots_own_window_hands_the_gpus_over_in_its_order(tmplab, monkeypatch):
+    monkeypatch.setenv("EAGLELAB_NO_PREFLIGHT", "1")  # GPUs counted, not asked for (as above)
+    tmplab.write_lab("    gpus: 2\n")
+    data = tmplab.root / "data"
+    data.mkdir()
+    tmplab.write_pipeline(WINDOW.replace("DATA", str(data)))
+    p = tmplab.lab("pipeline", "--quiet", "--no-notify", timeout=300)
+    argv = [json.loads(line) for line in (data / "argv.jsonl").read_text().splitlines()]
+    assert [a[0] for a in argv] == ["synth", "pilot", "pilot", "synth", "extract"], p.stdout
+    head, pilot_data, pilot, synth, _ = argv
+    assert head[-4:] == ["--limit", "8", "--out", f"{data}/synth_head"] and "100" not in head
+    assert pilot_data[-4:] == ["--synth", f"{data}/synth_head", "--through", "vocab"]
+    assert "--through" not in pilot and pilot[-2:] == ["--synth", f"{data}/synth_head"]
+    assert synth[-2:] == ["--reuse", f"{data}/synth_head"] and "--limit" in synth
+    # the services: serve_t for the head, serve_x for the pilot's data (serve_t stopped), none for its train
+    # (serve_x stopped for its GPU), serve_t again for the rest of synth, serve_x again for extract
+    starts = [r["stage"] for r in sorted(tmplab.runs(), key=lambda r: r["started_at"]) if r["stage"].startswith("serve")]
+    assert starts == ["serve_t", "serve_x", "serve_t", "serve_x"], p.stdout
+    assert "stopping service serve_x to free 2 GPU(s) on local for pilot" in p.stdout
+    assert [(r["stage"], r["state"]) for r in tmplab.runs() if r["state"] == "running"] == []

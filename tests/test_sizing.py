@@ -133,13 +133,17 @@ def test_kimi_plan_printed_and_what_does_not_fit():
     p = fit.make_fit_plan(cfg)
     print("\n".join(fit.format_fit(p)))
     by = {e.stage: e for e in p.stages}
-    # today's profile: the pilot beside serve_extract (the eval sweeps fit the day since eval_rounds: 4)
-    assert [(m.stage, m.what) for m in p.misfits] == [("pilot", "gpu")]
-    (mis,) = p.misfits
-    assert mis.what == "gpu" and mis.capacity == pytest.approx(95.6 * 0.15)
-    assert "serve_extract" in mis.detail and "no gpu_memory_utilization of serve_extract leaves room" in mis.fix
-    assert by["pilot"].beside == ("serve_extract",)
+    # the pilot in its own window (pilot_window: own): everything fits (the misplaced pilot: test_fit_refusal)
+    assert p.misfits == ()
+    assert by["pilot"].gpus == "1" and by["pilot"].beside == () and 40 < by["pilot"].gpu.device_gib < 95.6
+    assert by["pilot_data"].gpu is None and by["pilot_data"].beside == ("serve_extract",)
     assert by["train"].gpu.device_gib < 95.6 and by["train"].beside == ()   # train: a GPU of its own
+    # the order on the one workstation: synth's server twice, serve_extract twice (each a load of 547 GB)
+    loads = [e.stage for e in p.stages if e.kind == "service"]
+    assert loads == ["serve_synth", "serve_extract", "serve_synth", "serve_target", "serve_extract", "serve_eval"]
+    assert by["synth_head"].end_s <= by["pilot_data"].start_s < by["pilot"].start_s < by["synth"].start_s
+    assert p.first_forecast.stage == "pilot" and p.first_forecast.end_s < 2 * 3600   # ~1.3 h, not ~7 h
+    assert by["synth_head"].seconds.value == pytest.approx(256 / 0.524)
     assert by["serve_extract"].gpu.device_gib == pytest.approx(0.85 * 95.6)
     # 4 rounds: 4/16/64/256 requests of 512 tokens at min(c x 30, 600) tokens/s, 3 repeats, greedy + sampled
     cells = 4 * 512 / 30 + 16 * 512 / 120 + 64 * 512 / 480 + 256 * 512 / 600

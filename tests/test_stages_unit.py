@@ -643,3 +643,28 @@ def test_eval_rounds_size_each_cell_by_its_concurrency():
     assert [eval_stage.cell_requests(c, 256, 4) for c in (1, 4, 16, 64)] == [4, 16, 64, 256]
     assert [eval_stage.cell_requests(c, 40, 4) for c in (1, 16)] == [4, 40]  # never more than the prompts
     assert [eval_stage.cell_requests(c, 256, 0) for c in (1, 64)] == [256, 256]  # 0: every prompt, every cell
+
+
+def test_synth_reuses_the_heads_conversations_only_when_made_the_same_way(tmp_path):
+    """synth --reuse (the pilot's own window): synth_head's rows of our prompts are taken before the run
+    (speculators' resume skips them); rows of other settings, garbled or torn lines, and conversations
+    already here are not."""
+    params = {"prompts_sha256": "abc", "limit": 4, "max_tokens": 64, "sampling": {"temperature": 1.0}, "model": "m"}
+    head = tmp_path / "synth_head"
+    head.mkdir()
+    rows = [{"id": f"p{i}_gen0", "primary_id": f"p{i}", "input_ids": [1], "loss_mask": [1]} for i in range(4)]
+    lines = [json.dumps(r) + "\n" for r in rows] + ["{garbled\n"]
+    (head / synth.OUT_NAME).write_text("".join(lines))
+    manifest.write(head, "synth", [head / synth.OUT_NAME], params=params, counts={"rows": 4})
+    out = tmp_path / "synth" / synth.OUT_NAME
+    out.parent.mkdir()
+    out.write_text(lines[1])  # p1 was made here already
+    ours = {f"p{i}" for i in range(100) if i != 3}  # p3 is not one of our prompts (say, another prompt file's)
+    said = synth.reuse_rows(head, out, {**params, "limit": 100}, ours)
+    assert said.endswith("2 conversation(s) (2 rows) taken; 1 were here already"), said
+    got = [json.loads(line)["primary_id"] for line in out.read_text().splitlines()]
+    assert got == ["p1", "p0", "p2"]
+    # other sampling: nothing taken, and the log says which setting differs
+    other = synth.reuse_rows(head, out, {**params, "sampling": {"temperature": 0.0}}, ours)
+    assert "made with other settings (sampling); nothing reused" in other and len(out.read_text().splitlines()) == 3
+    assert "no finished synth output" in synth.reuse_rows(tmp_path / "nowhere", out, params, ours)

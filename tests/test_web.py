@@ -16,6 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import web_samples
 from eaglelab.control.lab import Lab
 from eaglelab.control.status import collect
+from eaglelab.lab_status import StageStatus
+from eaglelab.logstate import Finish
 from status_web import create_app, model
 from status_web.snapshot import mark_state_files
 from web_lab import make_conf, make_run_dir
@@ -59,7 +61,7 @@ def test_api_status_is_collect_plus_web(lab, tmp_path):
     resp = lab_app(lab).test_client().get("/api/status")
     assert resp.status_code == 200 and resp.mimetype == "application/json"
     body = resp.get_json()
-    direct = collect(lab, refresh=False)
+    direct = collect(lab, refresh=False).to_json()
     assert body["schema"] == 1
     assert set(direct) <= set(body)
     assert [r["id"] for r in body["runs"]] == [r["id"] for r in direct["runs"]] == ["tick-20270115T070000-0001"]
@@ -363,11 +365,12 @@ def test_log_tail(data, lines):
 
 
 def test_finish_times_relative_and_absolute():
-    assert model.finish_times({"eta_s": 10, "eta_low_s": 5, "eta_high_s": 20}, 100.0) == \
-        {"at": 110.0, "low": 105.0, "high": 120.0}
-    assert model.finish_times({"finish_at": "1970-01-01T00:02:00Z"}, 0.0) == {"at": 120.0, "low": None, "high": None}
-    assert model.finish_times({"finish_at": "garbage"}, 0.0) is None
-    assert model.finish_times("x", 0.0) is None
+    """The page's finish times are the engine's, read by eaglelab.logstate.Finish (its one reader)."""
+    fin = lambda eta, now: model.run_finish(None, StageStatus.from_json({"name": "s", "host": "h", "eta": eta}, now))
+    assert fin({"eta_s": 10, "eta_low_s": 5, "eta_high_s": 20}, 100.0) == Finish(110.0, 105.0, 120.0)
+    assert fin({"finish_at": "1970-01-01T00:02:00Z"}, 0.0) == Finish(120.0)
+    assert fin({"finish_at": "garbage"}, 0.0) is None
+    assert fin("x", 0.0) is None
 
 
 def test_api_status_json_round_trips_through_the_snapshot():

@@ -58,7 +58,7 @@ def test_outcome_from_real_run_directories(tmp_path, monkeypatch):
                               reasons=("speedup 1.72x",)),
                  started_at="2027-01-15T07:10:00.000Z", ended_at="2027-01-15T07:14:00.000Z")
     reader = OutcomeReader(lab)
-    status = reader(collect(lab))
+    status = reader(collect(lab).to_json())
     o = status["outcome"]
     assert o["verdict"] == "FASTER" and o["eval_verdict"] == "PAYS" and o["speedup"] == 1.72
     assert o["coverage"] == 0.975 and o["eval_run"] == "eval-20270115T071000-0002"
@@ -68,7 +68,7 @@ def test_outcome_from_real_run_directories(tmp_path, monkeypatch):
     log = work / "runs" / "eval-20270115T071000-0002" / "output.log"
     kept = log.read_bytes()
     log.write_bytes(b"rewritten\n")
-    assert reader(collect(lab))["outcome"]["verdict"] == "FASTER"  # finished logs are not read again
+    assert reader(collect(lab).to_json())["outcome"]["verdict"] == "FASTER"  # finished logs are not read again
     log.write_bytes(kept)
 
     app = create_app(lab, start=False, clock=lambda: NOW)

@@ -299,6 +299,7 @@ class StageConfig(_Strict):
     inputs: list[str] = []  # paths (relative to the host's repo_dir) the stage reads
     outputs: list[str] = []  # paths it writes; their manifests feed the next stage's fingerprint
     depends_on: list[str] = []  # jobs that must have completed first
+    after: list[str] = []  # jobs `lab pipeline` runs before this one, without needing them (an order only)
     needs: list[str] = []  # services that must be up (ready) while this stage runs
     gpus: int = 0  # GPUs it needs on its host; services holding them are stopped first
     ready: ReadyConfig | None = None  # services only
@@ -352,6 +353,9 @@ class PipelineConfig(_Strict):
     stages: dict[str, StageConfig] = Field(min_length=1)
     gates: dict[str, GateConfig] = {}  # stage -> the gate it must pass (before it starts and while it runs)
     engine_check: EngineCheckConfig | None = None  # opt-in: synth served with a known drafter, checked
+    # beside: the pilot is a side job beside synth (the demo); own: it runs first, in a window of its own
+    # (synth's first rows, serve_extract, its train on a GPU of its own): eaglelab.pilot_window
+    pilot_window: Literal["beside", "own"] = "beside"
 
 
 class Config:
@@ -404,7 +408,7 @@ class Config:
             if n in trail:
                 raise ConfigError(f"dependency cycle in {self.conf_dir / 'pipeline.yaml'}: "
                                   f"{' -> '.join(trail + (n,))}")
-            for d in self.stage(n).depends_on + self.stage(n).needs:
+            for d in self.stage(n).depends_on + self.stage(n).needs + self.stage(n).after:
                 visit(d, trail + (n,))
             order.append(n)
 
@@ -632,7 +636,8 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(current, "model_fields", {}))
 
 
-PROFILE_KEYS = {"hosts", "vars", "env", "stages", "notify", "web", "description", "gates", "engine_check"}
+PROFILE_KEYS = {"hosts", "vars", "env", "stages", "notify", "web", "description", "gates", "engine_check",
+                "pilot_window"}
 
 
 class _Where:
@@ -693,7 +698,8 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             raise ConfigError(f"{prof_file}: unknown key(s) {', '.join(sorted(unknown))}; "
                               f"a profile may set: {', '.join(sorted(PROFILE_KEYS))}")
     prof_lab = {k: prof_raw[k] for k in ("hosts", "notify", "web") if k in prof_raw}
-    prof_pipe = {k: prof_raw[k] for k in ("vars", "env", "stages", "gates", "engine_check") if k in prof_raw}
+    prof_pipe = {k: prof_raw[k] for k in ("vars", "env", "stages", "gates", "engine_check", "pilot_window")
+                 if k in prof_raw}
     lab = _validate(LabConfig, _deep_merge(lab_raw, prof_lab), [lab_file, prof_file], [lab_raw, prof_lab])
     pipe = _validate(PipelineConfig, _deep_merge(pipe_raw, prof_pipe), [pipe_file, prof_file],
                      [pipe_raw, prof_pipe])
@@ -727,7 +733,7 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
             raise ConfigError(f"{where('host')} = {s.host!r}: no such host in {lab_file}"
                               f"{f' or {prof_file}' if prof_lab.get('hosts') else ''}"
                               f"{did_you_mean(s.host, lab.hosts)}; hosts: {', '.join(lab.hosts)}")
-        for key in ("depends_on", "needs"):
+        for key in ("depends_on", "needs", "after"):
             for d in getattr(s, key):
                 if d not in pipe.stages:
                     raise ConfigError(f"{where(key)}: no stage {d!r}{did_you_mean(d, pipe.stages)}")
@@ -763,6 +769,8 @@ def load(conf_dir: str | os.PathLike | None = None, profile: str | None = None) 
     cfg = Config(lab, pipe, profile, conf_dir)
     from . import engine_check_stages  # serve_synth + engine_check, before their ${vars} are checked
     engine_check_stages.add(cfg, pipe_at("engine_check") if pipe.engine_check else None)
+    from . import pilot_window  # synth_head + pilot_data, after the engine check (which it moves to synth_head)
+    pilot_window.add(cfg, pipe_at("pilot_window"))
     for s in pipe.stages.values():  # unknown ${vars}, before placement renders them; blamed on their file
         variables = cfg.vars_for(s)
         for key in ("command", "env", "inputs", "outputs"):

@@ -10,6 +10,7 @@ without guards of their own, and never estimate a finish time again. A module of
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 
@@ -49,6 +50,23 @@ class Progress:
     def to_json(self) -> dict:
         return {**{k: getattr(self, k) for k in _PROGRESS_FIELDS}, **self.extra}
 
+    @cached_property
+    def history(self) -> tuple[tuple[float, float], ...]:
+        """The bar's (elapsed_s, n) samples, in order (`history`: pairs, or objects of an older
+        parser); a garbled sample is dropped. Read when asked: `lab status` never needs it."""
+        raw = self.extra.get("history")
+        out = []
+        for item in raw if isinstance(raw, list) else []:
+            if isinstance(item, dict):
+                e, n = _number(item.get("elapsed_s")), _number(item.get("n"))
+            elif isinstance(item, (list, tuple)) and len(item) >= 2:
+                e, n = _number(item[0]), _number(item[1])
+            else:
+                continue
+            if e is not None and n is not None:
+                out.append((e, n))
+        return tuple(out)
+
 
 _PROGRESS_FIELDS = ("n", "total", "unit", "label", "rate_s_per_it", "elapsed_s", "eta_s", "eta_low_s", "eta_high_s")
 
@@ -78,6 +96,59 @@ class LogState:
     def to_json(self) -> dict:
         return {"state": self.state, "failure": self.failure,
                 "progress": self.progress.to_json() if self.progress else None, "phase": self.phase, **self.extra}
+
+    # The state JSON's bigger parts, read when a page asks for them (`lab status` never does).
+
+    @cached_property
+    def phases(self) -> tuple["Phase", ...]:
+        """The phases seen, in order; an entry that is not an object is dropped."""
+        raw = self.extra.get("phases")
+        return tuple(Phase.from_json(p) for p in (raw if isinstance(raw, list) else []) if isinstance(p, dict))
+
+    @cached_property
+    def metrics(self) -> dict[str, tuple[tuple[float, float], ...]]:
+        """Each metric's (step, value) points, by name; a garbled point is dropped, a series left
+        without points is absent."""
+        raw = self.extra.get("metrics")
+        out = {}
+        for name, series in (raw.items() if isinstance(raw, dict) else ()):
+            pts = tuple((_number(i[0]), _number(i[1])) for i in (series if isinstance(series, list) else [])
+                        if isinstance(i, (list, tuple)) and len(i) >= 2
+                        and _number(i[0]) is not None and _number(i[1]) is not None)
+            if pts:
+                out[str(name)] = pts
+        return out
+
+    def last(self, metric: str) -> float | None:
+        """A metric's latest value, or None."""
+        pts = self.metrics.get(metric)
+        return pts[-1][1] if pts else None
+
+    @property
+    def ready(self) -> bool:
+        """A service's log said it is ready (serving)."""
+        return bool(self.extra.get("ready"))
+
+    @property
+    def stall_message(self) -> str:
+        """Why the tailer calls the run stalled (its `stall` diagnosis), "" when it says nothing."""
+        stall = self.extra.get("stall")
+        return str(stall.get("message") or "") if isinstance(stall, dict) else ""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of the state JSON's `phases`: its name, how long it took, the lines it spans."""
+
+    name: str
+    duration_s: float | None = None
+    started_line: Any = None
+    ended_line: Any = None
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Phase":
+        return cls(str(data.get("name") or "?"), _number(data.get("duration_s")), data.get("started_line"),
+                   data.get("ended_line"))
 
 
 @dataclass(frozen=True)

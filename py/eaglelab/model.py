@@ -284,8 +284,10 @@ def signal_text(sig: int | None) -> str | None:
         return f"SIG{sig}"
 
 
-def exit_text(run: dict) -> str:
+def exit_text(run: "dict | Run") -> str:
     """The exit status in words ("signal 9", "exit code 3", a lost wrapper); "" for exit 0 or none."""
+    if isinstance(run, Run):
+        run = {k: getattr(run, k) for k in ("signal", "exit_code", "lost", "orphaned")}
     if run.get("signal"):
         return f"signal {run['signal']}"
     if run.get("exit_code") not in (None, 0):

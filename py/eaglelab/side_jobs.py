@@ -1,3 +1,4 @@
+
 """Side jobs: what runs beside the pipeline's current stage instead of after it (docs/foresight.md).
 
 Two kinds, one trigger (`during: {stage, after}`: once that stage's run has made `after` units):
@@ -11,6 +12,8 @@ eaglelab.control.side_runs starts and follows them.
 """
 
 from __future__ import annotations
+
+from eaglelab.model import RunState, StageState
 
 from .errors import ConfigError
 from .placement import shared
@@ -89,9 +92,9 @@ def due(cfg, name: str, trigger_run: dict | None) -> bool:
     if trigger_run is None:
         return False
     state = trigger_run.get("state")
-    if state in ("running", "stalled"):
+    if state in (RunState.RUNNING, StageState.STALLED):
         return progress_units(trigger_run) >= after_units(cfg, stage)
-    return state == "completed" and stage.during.late
+    return state == RunState.COMPLETED and stage.during.late
 
 
 def describe(cfg, name: str) -> str:

@@ -14,7 +14,7 @@ import click
 
 from eaglelab import __version__
 from eaglelab.errors import EaglelabError
-from eaglelab.model import exit_text
+from eaglelab.model import RunState, exit_text
 
 from . import commands
 from .lab import ACTIVE, Lab, exit_code_of
@@ -67,7 +67,7 @@ def run(c: _Ctx, stages: tuple[str, ...], wait: bool, force: bool, deps: bool, q
     c.lab.ignore_gates = ignore_gates
     for name in stages:
         rec = c.lab.run(name, force=force, deps=deps, wait=wait, follow=not quiet)
-        if wait and c.lab.cfg.stage(name).kind == "job" and rec["state"] != "completed":
+        if wait and c.lab.cfg.stage(name).kind == "job" and rec["state"] != RunState.COMPLETED:
             raise click.exceptions.Exit(exit_code_of(rec))
 
 
@@ -110,7 +110,7 @@ def status(c: _Ctx, as_json: bool, no_refresh: bool, show_all: bool) -> None:
     from .status import collect
     st = collect(c.lab, refresh=not no_refresh)
     if as_json:
-        click.echo(json.dumps(st, indent=1))
+        click.echo(json.dumps(st.to_json(), indent=1))
         return
     from .render import print_status
     print_status(st, show_all=show_all)

@@ -25,6 +25,7 @@ from croniter import croniter
 from eaglelab.config import REPO_ROOT
 from eaglelab.errors import EaglelabError
 from eaglelab.fsutil import atomic_write_json, private_dir, read_json, utcnow_iso
+from eaglelab.model import RunState
 
 TAG = "eaglelab"
 DEFAULT_SCHEDULE = "0 3 * * *"
@@ -261,7 +262,7 @@ def firing_summary(*, firing_id: str, target: str, started: float, now: float, e
     """Pure: what <firing>.json records and the log's last line says."""
     ok = exit_code == 0
     ran = [s for s in stages if s["outcome"] not in ("skipped", "not reached")]
-    bad = next((s for s in stages if s["outcome"].split(", ")[-1] in ("failed", "killed")), None)
+    bad = next((s for s in stages if s["outcome"].split(", ")[-1] in (RunState.FAILED, RunState.KILLED)), None)
     if ok:
         detail = f"ran {len(ran)}, skipped {sum(s['outcome'] == 'skipped' for s in stages)}"
     else:

@@ -13,6 +13,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from eaglelab import pilot_window
 from eaglelab.config import REPO_ROOT, Config, ConfigError, prior_numbers
 from eaglelab.errors import StageError
 from eaglelab.figures import human_duration as duration
@@ -87,14 +88,23 @@ def _spec(cfg: Config, name: str) -> StageSpec:
         prior = PriorNumbers(s.prior.per_s, s.prior.fixed_s, size, nums["times"] or 1.0, s.prior.spread, s.prior.unit)
     beside = s.during.stage if s.during is not None else None
     return StageSpec(name, s.kind, s.host, role_of(argv, s.smoke_of), s.gpus, tuple(s.needs), beside,
-                     flags_of(argv), prior)
+                     flags_of(argv), prior,
+                     after_data_part=name == pilot_window.PILOT and cfg.pipeline.pilot_window == "own")
 
 
 def make_fit_plan(cfg: Config, stages: list[str] | None = None,
-                  gpu_memory_gib: dict[str, float] | None = None) -> Plan | None:
+                  gpu_memory_gib: dict[str, float] | None = None,
+                  model: facts_mod.ModelFacts | None = None) -> Plan | None:
     """The plan of every job (and the services they need) in the pipeline's order; None without facts.
-    gpu_memory_gib: a host's GPU memory as the host itself reported it (preflight), over the facts file's."""
+    gpu_memory_gib: a host's GPU memory as the host itself reported it (preflight), over the facts file's;
+    model: the model's shape from its config.json on the host (preflight), over the facts file's."""
     facts = find_facts(cfg)
+    if model is not None:
+        if facts is None:
+            facts = facts_mod.Facts(model, source=model.source)
+        else:  # the host's config.json; the weights' bytes from the facts file if the host has no safetensors
+            keep = model.weight_bytes or facts.model.weight_bytes
+            facts = replace(facts, model=replace(model, weight_bytes=keep), source=model.source)
     if facts is None:
         return None
     if gpu_memory_gib:
@@ -139,6 +149,9 @@ def format_fit(p: Plan) -> list[str]:
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows]
     lines.append(f"-- the pipeline ends after ~{duration(p.total_s)} (facts: {p.facts_source})")
+    if p.first_forecast is not None:
+        lines.append(f"-- the first acceptance forecast: when {p.first_forecast.stage} ends, "
+                     f"~{duration(p.first_forecast.end_s)} after the start")
     lines.append("where the figures come from:")
     for e in p.stages:
         lines.append(f"  {e.stage}: time {e.seconds.source}: {e.seconds.note}")

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from eaglelab.fsutil import atomic_write_json, read_json, utcnow_iso
+from eaglelab.model import RunState
 from eaglelab.side_jobs import SMOKE_PREFIX
 
 RATE, LENGTH = "acceptance/rate", "acceptance/mean_length"
@@ -181,7 +182,7 @@ def make(lab, status: dict, now: float) -> dict | None:
     if train is not None and offline_evidence(train):
         best = {"source": "checkpoint", **offline_evidence(train)}
     for name in [n for n in stages if n == "eval"]:
-        ev_run = _latest(_stage_of(runs, name), lambda r: r.get("state") == "completed")
+        ev_run = _latest(_stage_of(runs, name), lambda r: r.get("state") == RunState.COMPLETED)
         started = ts((train or {}).get("started_at")) or 0.0
         if ev_run is None or (train is not None and (ts(ev_run.get("started_at")) or 0.0) < started):
             continue
@@ -199,7 +200,7 @@ def make(lab, status: dict, now: float) -> dict | None:
     if best is None:
         return None
     started = ts((train or {}).get("started_at")) or 0.0
-    smoke = _latest(runs, lambda r: str(r.get("stage", "")).startswith(SMOKE_PREFIX) and r.get("state") == "completed"
+    smoke = _latest(runs, lambda r: str(r.get("stage", "")).startswith(SMOKE_PREFIX) and r.get("state") == RunState.COMPLETED
                     and (ts(r.get("started_at")) or 0.0) >= started and served_evidence(r))
     best["served_checkpoint"] = served_evidence(smoke) if smoke else None
     if best["source"] != "eval":

@@ -24,7 +24,7 @@ from eaglelab.control.registry import Registry
 from eaglelab.errors import EaglelabError, HostError, StageError
 from eaglelab.fsutil import parse_iso
 from eaglelab.host.settle import at_launch
-from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, StageState, check, exit_text
+from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, RunState, StageState, check, exit_text
 
 from . import preflight, services, stage_code
 from .executors import Executor, HostUnreachable, for_host
@@ -159,7 +159,7 @@ class Lab:
         if latest.get("end_unknown"):  # unreadable is not absent: a person decides, not a rerun
             return "hold", (f"the end of {latest['id']} is unknown ({latest['end_unknown']}); look at it "
                             f"(`lab logs {latest['id']}`), then `lab run {name} --force` to run it again"), latest
-        if latest["state"] != "completed":
+        if latest["state"] != RunState.COMPLETED:
             return "run", f"last run {latest['id']} {latest['state']}" + _end_detail(latest), latest
         if stage.kind == "service":
             return "run", "service is not running", latest
@@ -217,13 +217,13 @@ class Lab:
             for dep in self.cfg.stage_order([name])[:-1]:
                 if self.cfg.stage(dep).kind == "job":
                     rec = self.run(dep, wait=True, out=out, follow=follow)
-                    if rec["state"] != "completed":
+                    if rec["state"] != RunState.COMPLETED:
                         return rec
         for dep in stage.depends_on:  # the data it reads from other hosts comes first (cheap when there)
             transfer = self.cfg.stage(dep).transfer
-            if transfer is not None and (self.latest(transfer.producer) or {}).get("state") == "completed":
+            if transfer is not None and (self.latest(transfer.producer) or {}).get("state") == RunState.COMPLETED:
                 rec = self.run(dep, wait=True, out=out, follow=False)
-                if rec["state"] != "completed":
+                if rec["state"] != RunState.COMPLETED:
                     return rec
         self._check_dependencies(stage)
         from filelock import FileLock  # ~20 ms to import (it brings asyncio); only a launch takes a lock
@@ -235,9 +235,9 @@ class Lab:
             if action == "skip":
                 print(f"lab: {reason}", file=out)
                 # a transfer may be up to date without a run (the data was there already)
-                if latest and latest["state"] == "completed":
+                if latest and latest["state"] == RunState.COMPLETED:
                     return latest
-                return {"id": None, "stage": name, "host": stage.host, "state": "completed"}
+                return {"id": None, "stage": name, "host": stage.host, "state": RunState.COMPLETED}
             if action == "hold":
                 raise StageError(f"{name}: not run: {reason}")
             if action == "attach":
@@ -277,13 +277,13 @@ class Lab:
     def _check_dependencies(self, stage: StageConfig) -> None:
         for dep in stage.depends_on:
             latest = self.latest(dep)
-            if latest is None or latest["state"] != "completed":
+            if latest is None or latest["state"] != RunState.COMPLETED:
                 # the registry may lag the host (a run that ended a moment ago): ask before refusing
                 hosts = [h for h in dict.fromkeys([self.cfg.stage(dep).host, *([latest["host"]] if latest else [])])
                          if h in self.cfg.hosts]
                 errors = self.refresh(hosts, stage=dep)
                 latest = self.latest(dep)
-            if latest is None or latest["state"] != "completed":
+            if latest is None or latest["state"] != RunState.COMPLETED:
                 state = f"whose latest run {latest['id']} is {latest['state']}" if latest else "which never ran"
                 silent = "; ".join(f"{h} did not answer: {e}" for h, e in errors.items() if e)
                 raise StageError(f"stage {stage.name!r} depends on {dep!r}, {state}"
@@ -457,11 +457,11 @@ class Lab:
                 try:
                     rec = self.run(name, force=force, wait=True, follow=follow, reap=False)
                 except EaglelabError as e:  # could not start (a service died, preflight): a failure too
-                    result.error, rec = e, {"stage": name, "state": "failed", "id": None}
+                    result.error, rec = e, {"stage": name, "state": RunState.FAILED, "id": None}
                 if rec.get("id") in self.gate_failures:
                     rec = {**rec, "gate": self.gate_failures[rec["id"]]}
                 result.ran.append({"stage": name, "run": rec.get("id"), "state": rec.get("state")})
-                if rec["state"] != "completed":
+                if rec["state"] != RunState.COMPLETED:
                     result.failed = rec
                     break
                 if not keep_services:  # a service no job left in the pipeline needs holds its GPUs for nothing

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from eaglelab.figures import human_duration as _human
 from eaglelab.host.settle import is_failure
-from eaglelab.model import ACTIVE, RunState, how_it_ended
+from eaglelab.model import ACTIVE, RunState, StageState, how_it_ended
 from eaglelab.side_jobs import SMOKE_PREFIX  # smoke-<stage>: the next stage's smoke test (a side job)
 
 EVENTS = ("completed", "failed", "stalled", "pipeline_finished", "gate_failed")
@@ -69,8 +69,8 @@ def events_for(before: dict | None, now: dict) -> list[str]:
         events.append("completed")
     elif was in ACTIVE and is_failure(now):  # failed, or lost: as eaglelab.host.settle decided it
         events.append("failed")
-    was_stalled = ((before.get("log_state") or {}).get("state") == "stalled")
-    if is_ in ACTIVE and (now.get("log_state") or {}).get("state") == "stalled" and not was_stalled:
+    was_stalled = ((before.get("log_state") or {}).get("state") == StageState.STALLED)
+    if is_ in ACTIVE and (now.get("log_state") or {}).get("state") == StageState.STALLED and not was_stalled:
         events.append("stalled")
     return events
 
@@ -93,16 +93,16 @@ def human_duration(s: float | None) -> str:
 def stage_payload(event: str, run: dict, status_url: str, now: float) -> dict:
     """The generic body of a stage event (schema 1); the other formats are made from it."""
     from eaglelab.fsutil import utcnow_iso
-    reason = failure_text(run) if event == "failed" else stall_text(run) if event == "stalled" else None
+    reason = failure_text(run) if event == RunState.FAILED else stall_text(run) if event == StageState.STALLED else None
     stage, host, dur = run.get("stage"), run.get("host"), run.get("duration_s")
-    if event == "completed":
+    if event == RunState.COMPLETED:
         text = f"{stage} completed on {host} in {human_duration(dur)}"
-    elif event == "failed" and str(stage).startswith(SMOKE_PREFIX):  # the next stage's failure, found early
+    elif event == RunState.FAILED and str(stage).startswith(SMOKE_PREFIX):  # the next stage's failure, found early
         text = (f"{stage[len(SMOKE_PREFIX):]} will fail: its smoke test failed on {host} after "
                 f"{human_duration(dur)}: {reason or run.get('state')}")
-    elif event == "failed" and stage == "engine_check" and "engine-path alarm" in (reason or ""):
+    elif event == RunState.FAILED and stage == "engine_check" and "engine-path alarm" in (reason or ""):
         text = f"ENGINE-PATH ALARM on {host} while synth runs: {reason}"  # docs/foresight.md, "The engine check"
-    elif event == "failed":
+    elif event == RunState.FAILED:
         text = f"{stage} failed on {host} after {human_duration(dur)}: {reason or run.get('state')}"
     else:
         text = f"{stage} stalled on {host} (running for {human_duration(dur)}): {reason}"

@@ -22,7 +22,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from eaglelab.config import REPO_ROOT, StageConfig, slurm_options
-from eaglelab.errors import HostError, StageError
+from eaglelab.errors import ConfigError, HostError, StageError
+from eaglelab.sizing import facts as facts_mod
 
 from . import slurm_preflight
 from .checks import Check
@@ -270,7 +271,8 @@ def run(lab, stage_name: str, spec: dict | None = None) -> list[Check]:
     checks.append(check_inputs(facts.get("inputs") or {}, input_origins(lab, stage, spec["inputs"])))
     if stage.kind == "service" and facts.get("drafters"):  # a server that will load a drafter
         checks.append(check_drafter(facts["drafters"], facts.get("vllm"), stage.host))
-    return checks + fit_checks(lab, stage_name, gpu_memory_of(stage.host, facts.get("gpus")))
+    return checks + fit_checks(lab, stage_name, gpu_memory_of(stage.host, facts.get("gpus")),
+                               host_model(lab, stage, facts.get("model_configs") or {}))
 
 
 def gpu_memory_of(host: str, gpus: list[dict] | None) -> dict[str, float]:
@@ -279,14 +281,31 @@ def gpu_memory_of(host: str, gpus: list[dict] | None) -> dict[str, float]:
     return {host: min(totals) / 1024} if totals else {}
 
 
-def fit_checks(lab, stage_name: str, gpu_memory_gib: dict[str, float] | None = None) -> list[Check]:
+def host_model(lab, stage: StageConfig, configs: dict[str, dict]):
+    """The model's facts from its config.json as the stage's host answered it (hostfacts.model_configs),
+    when the pipeline's ${model} is among this stage's inputs there; None otherwise or unreadable."""
+    try:
+        model = lab.cfg.render(stage, "${model}", lab.cfg.vars_for(stage))
+    except ConfigError:
+        return None
+    got = configs.get(model)
+    if not isinstance(got, dict) or not isinstance(got.get("config"), dict):
+        return None
+    try:
+        return facts_mod.from_config_json(got["config"], int(got.get("weight_bytes") or 0),
+                                          source=f"{stage.host}:{model}/config.json", name=Path(model).name)
+    except (ConfigError, TypeError, ValueError):
+        return None  # not a shape the planner reads: the facts file's figures stand
+
+
+def fit_checks(lab, stage_name: str, gpu_memory_gib: dict[str, float] | None = None, model=None) -> list[Check]:
     """The plan's word (eaglelab.control.fit, docs/planning.md): this stage's misfits and the budget's
     fail it; another stage's are a warning now; no model facts: no check. With the host's own GPU
-    memory when it answered, else the facts file's."""
+    memory and the model's own config.json when it answered, else the facts file's."""
     from .fit import make_fit_plan
     if os.environ.get("EAGLELAB_NO_FIT") == "1":
         return [Check("fit", None, "not checked: EAGLELAB_NO_FIT=1")]
-    p = make_fit_plan(lab.cfg, gpu_memory_gib=gpu_memory_gib)
+    p = make_fit_plan(lab.cfg, gpu_memory_gib=gpu_memory_gib, model=model)
     if p is None:
         return []
     if not p.misfits:

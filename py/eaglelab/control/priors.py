@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from eaglelab import config as config_mod
 from eaglelab.config import StageConfig
 from eaglelab.fsutil import parse_iso
+from eaglelab.model import RunState
 
 from .lab import Lab
 
@@ -96,7 +97,7 @@ def stage_priors(lab: Lab, runs: list[dict], refresh: bool) -> tuple[dict[str, d
         out[name] = {**plan.fields, "units": units, "size_how": how, "reason": reason}
         latest = next((r for r in reversed(runs) if r.get("stage") == name), None)
         if (refresh and measured_now and units is not None and lab.cfg.stage(name).kind == "job" and latest
-                and latest.get("state") == "completed" and latest.get("id") not in known_units
+                and latest.get("state") == RunState.COMPLETED and latest.get("id") not in known_units
                 and (name in fresh or not plan.requests)):
             learn.append({"run_id": latest["id"], "stage": name, "host": latest.get("host"),
                           "profile": latest.get("profile") or profile, "unit": plan.fields["unit"],

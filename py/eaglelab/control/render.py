@@ -6,16 +6,26 @@ free-text columns give way instead."""
 
 from __future__ import annotations
 
+import time
+
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from eaglelab import display
 from eaglelab.figures import clock_duration as fmt_duration
+from eaglelab.figures import engine_words
 from eaglelab.fsutil import parse_iso
+from eaglelab.lab_status import RunStatus, StageStatus, Status
+from eaglelab.model import ACTIVE, FINAL, RunState, StageState
 
-STATE_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "killed": "red",
-               "stalled": "yellow", "unreachable": "magenta", "pending": "dim"}
+from .forecast import describe
+
+STATE_STYLE = {StageState.COMPLETED: "green", StageState.RUNNING: "cyan", StageState.FAILED: "red",
+               StageState.KILLED: "red", StageState.STALLED: "yellow", StageState.UNREACHABLE: "magenta",
+               StageState.PENDING: "dim"}
+SLURM_WAITING = ("PENDING", "REQUEUED", "CONFIGURING")  # Slurm's own words (squeue), not run states
 
 
 def esc(v) -> str:
@@ -24,49 +34,55 @@ def esc(v) -> str:
 
 
 def fmt_clock(iso: str | None) -> str:
-    t = parse_iso(iso)
-    if t is None:
+    return display.clock(parse_iso(iso))
+
+
+def _run(run: RunStatus | dict | None, now: float) -> RunStatus | None:
+    """A run of the status object (tests pass its JSON: read once here)."""
+    return run if isinstance(run, RunStatus) or run is None else RunStatus.from_json(run, now)
+
+
+def _count(v: float | None) -> str:
+    return "" if v is None else str(int(v)) if v == int(v) else str(v)
+
+
+def progress_text(run: RunStatus | dict | None) -> str:
+    rs = _run(run, time.time())
+    if rs is None:
         return ""
-    import time as _t
-    return _t.strftime("%H:%M", _t.localtime(t))
-
-
-ENDED = ("completed", "failed", "killed")
-
-
-def progress_text(run: dict) -> str:
-    serving = serving_text(run)
+    serving = serving_text(rs)
     if serving is not None:
         return serving
-    ls = run.get("log_state") or {}
-    p = ls.get("progress")
+    p, log = rs.progress, rs.log
     parts = []
-    fail = ls.get("failure")
-    if run.get("state") in ENDED:
+    fail = log.failure if log else None
+    bar = f"{_count(p.n)}/{_count(p.total)} {p.unit}".rstrip() if p and p.total else ""
+    if rs.run.state in FINAL:
         # An ended run shows its end, never the phase it was last in ("completed ▸ generating")
-        end = fmt_clock(run.get("ended_at"))
+        end = fmt_clock(rs.run.ended_at)
         parts.append(f"ended {end}" if end else "ended")
-        if p and p.get("total") and run.get("state") != "completed":
-            parts.append(f"at {p.get('n')}/{p.get('total')} {p.get('unit') or ''}".rstrip())
+        if bar and rs.run.state != RunState.COMPLETED:
+            parts.append(f"at {bar}")
         if fail:
             parts.append(f"[{fail.get('reason')}]")
         return " ".join(parts)
-    if ls.get("phase"):
-        parts.append(str(ls["phase"]))
-    if p and p.get("total"):
-        parts.append(f"{p.get('n')}/{p.get('total')} {p.get('unit') or ''}".rstrip())
+    if log and log.phase:
+        parts.append(log.phase)
+    if bar:
+        parts.append(bar)
     if fail:
         parts.append(f"[{fail.get('reason')}]")
     return " ".join(parts)
 
 
-def slurm_queue_lines(st: dict, runs: dict) -> list[str]:
+def slurm_queue_lines(st: Status) -> list[str]:
     """One line per latest run queued in Slurm: its reason, place and Slurm's start estimate."""
     out = []
-    for s in st["stages"]:
-        sl = (runs.get(s["latest_run"] or "") or {}).get("slurm") or {}
-        if sl.get("state") in ("PENDING", "REQUEUED", "CONFIGURING") or (sl and s["state"] == "pending"):
-            bits = [f"{s['name']}: Slurm job {sl.get('job_id')} {sl.get('state') or 'pending'}"
+    for s in st.stages:
+        r = st.run(s.latest_run)
+        sl = (r.run.slurm if r else None) or {}
+        if sl.get("state") in SLURM_WAITING or (sl and s.state == StageState.PENDING):
+            bits = [f"{s.name}: Slurm job {sl.get('job_id')} {sl.get('state') or RunState.PENDING}"
                     + (f" ({sl['reason']})" if sl.get("reason") else "")]
             if sl.get("queue_position"):
                 bits.append(f"#{sl['queue_position']} in {sl.get('partition')}")
@@ -78,12 +94,13 @@ def slurm_queue_lines(st: dict, runs: dict) -> list[str]:
     return out
 
 
-def serving_text(run: dict) -> str | None:
+def serving_text(run: RunStatus | dict | None) -> str | None:
     """A ready service's figures (vLLM's latest periodic stats) in place of progress and ETA: its
     weight-loading bar is long finished and it has no end to predict. None for anything else."""
-    ls = run.get("log_state") or {}
+    rs = _run(run, time.time())
+    ls = (rs.run.log_state if rs else None) or {}
     # a ready server whose log went quiet (no requests) is up, not stalled
-    if run.get("kind") != "service" or run.get("state") not in ("running", "stalled") or not ls.get("ready"):
+    if rs is None or rs.run.kind != "service" or rs.run.state != RunState.RUNNING or not ls.get("ready"):
         return None
     metrics = ls.get("metrics") or {}
 
@@ -98,68 +115,46 @@ def serving_text(run: dict) -> str | None:
     return " · ".join(parts) if len(parts) > 1 else "up, serving (no request stats logged yet)"
 
 
-def overdue_text(finish_at: float, now: float) -> str:
-    """A finish time already past: "overdue by 12 min (estimate was 14:05)", never "in 0s"."""
-    late = max(now - finish_at, 0.0)
-    by = f"{late / 3600:.1f} h" if late >= 5400 else f"{max(late / 60, 1):.0f} min"
-    return f"overdue by {by} (estimate was {fmt_clock_ts(finish_at)})"
-
-
-def fmt_clock_ts(t: float) -> str:
-    import time as _t
-    return _t.strftime("%H:%M", _t.localtime(t))
-
-
-def eta_text(run: dict, now: float | None = None) -> str:
-    if serving_text(run) is not None:
-        return ""  # a ready service: nothing to wait for
-    if run.get("state") == "stalled" or (run.get("eta") or {}).get("source") == "stalled":
-        return "unknown (stalled)"  # no progress (or a bar stuck past its estimate): any finish time would be made up
-    eta = run.get("eta") or {}
-    if not eta.get("finish_at"):
+def eta_text(run: RunStatus | dict, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    rs = _run(run, now)
+    if rs is None:
         return ""
-    import time as _t
-    now = _t.time() if now is None else now
-    at = parse_iso(eta["finish_at"])
-    if at is not None and at <= now - 30:
-        return overdue_text(at, now)
-    lo, hi = eta.get("finish_low_at"), eta.get("finish_high_at")
-    rng = f" ({fmt_clock(lo)}–{fmt_clock(hi)})" if lo and hi else ""
-    return fmt_clock(eta["finish_at"]) + rng
+    if serving_text(rs) is not None:
+        return ""  # a ready service: nothing to wait for
+    if rs.stalled or (rs.eta is not None and rs.eta.stalled):
+        return display.STALLED_WORDS  # no progress (or a bar stuck past its estimate): any time would be made up
+    fin = rs.eta.finish if rs.eta else None
+    return "" if fin is None else display.eta_line(fin, now)
 
 
-def stage_eta_text(stage: dict, run: dict) -> str:
+def stage_eta_text(stage: StageStatus | dict, run: RunStatus | dict | None, now: float | None = None) -> str:
     """A running run's ETA; for a stage still to run, its predicted finish and what it rests on
     (prior, learned, history: docs/interfaces.md "ETA")."""
-    if run.get("state") in ("running", "stalled"):
-        return eta_text(run)
-    if run.get("state") in ENDED and stage.get("state") == run.get("state"):
+    now = time.time() if now is None else now
+    st = stage if isinstance(stage, StageStatus) else StageStatus.from_json(stage, now)
+    rs = _run(run, now)
+    if rs is not None and rs.run.state == RunState.RUNNING:
+        return eta_text(rs, now)
+    if rs is not None and rs.run.state in FINAL and st is not None and st.state == rs.run.state:
         return ""  # it ended: progress_text says when
-    eta = stage.get("eta") or {}
-    if stage.get("state") == "completed" or not eta.get("finish_at") or eta.get("source") == "done":
+    est = st.eta if st else None
+    if st is None or st.state == StageState.COMPLETED or est is None or est.finish is None or est.source == "done":
         return ""
-    lo, hi = eta.get("finish_low_at"), eta.get("finish_high_at")
-    rng = f" ({clock_days(lo)}–{clock_days(hi)})" if lo and hi else ""
-    return f"{clock_days(eta['finish_at'])}{rng} {eta.get('source')}"
+    fin = est.finish
+    rng = f" ({display.clock(fin.low, now)}–{display.clock(fin.high, now)})" if fin.low and fin.high else ""
+    return f"{display.clock(fin.at, now)}{rng} {est.source}"
 
 
-def clock_days(iso: str | None, now: float | None = None) -> str:
-    """fmt_clock, with the weekday for a time 20 h or more away (a prior's range can span days)."""
-    import time as _t
-    t = parse_iso(iso)
-    if t is None:
-        return ""
-    far = abs(t - (_t.time() if now is None else now)) >= 20 * 3600
-    return _t.strftime("%a %H:%M" if far else "%H:%M", _t.localtime(t))
-
-
-def print_status(st: dict, show_all: bool = False, console: Console | None = None) -> None:
+def print_status(status: Status | dict, show_all: bool = False, console: Console | None = None) -> None:
+    st = status if isinstance(status, Status) else Status.from_json(status, time.time())
+    now = st.now
     console = console or Console()
     hosts = Table(title="hosts", title_justify="left")
     for col in ("host", "reach", "state"):
         hosts.add_column(col, no_wrap=True)
     hosts.add_column("GPUs", overflow="fold")
-    for h in st["hosts"]:
+    for h in st.hosts:
         if h.get("reachable") is None:
             state = "[dim]not contacted yet[/]"
         elif h["reachable"]:
@@ -172,17 +167,16 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
             f"{(g.get('memory_total_mib') or 0) / 1024:.0f}G" for g in gpus)
         hosts.add_row(esc(h["name"]), esc(h["reach"]), state, esc(gtxt))
     console.print(hosts)
-    for h in st["hosts"]:
+    for h in st.hosts:
         for bad in h.get("bad_runs") or []:  # skipped, never fatal: say which and why
             console.print(f"[yellow]{esc(h['name'])}: skipped a run directory:[/] {esc(bad.get('error'))}",
                           soft_wrap=True)
-    runs = {r["id"]: r for r in st["runs"]}
-    id_width = max([len(str(r.get("id") or "")) for r in runs.values()] + [3])
+    id_width = max([len(r.run.id) for r in st.runs] + [3])
     # Narrow terminals (an 80-column ssh window, a tmux split): three columns, two lines a stage:
     # stage over host, state over time, run id over progress and ETA. No cell wraps a word: the
     # state words stay whole and a long progress line is cut with an ellipsis, never wrapped.
     wide = console.width >= 2 * id_width + 70
-    table = Table(title=f"pipeline (profile {esc(st.get('profile'))})", title_justify="left",
+    table = Table(title=f"pipeline (profile {esc(st.json.get('profile'))})", title_justify="left",
                   box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD, pad_edge=wide)
     if wide:
         table.add_column("stage", no_wrap=True)
@@ -194,66 +188,59 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
         table.add_column("ETA", overflow="fold")
     else:
         # the first two columns as wide as their longest line; the third takes what is left
-        w1 = max([len(str(x.get(k) or "")) for x in st["stages"] for k in ("name", "host")] + [5])
-        w2 = max([len(str(x.get("state") or "")) for x in st["stages"]] + [12])  # "unreachable", "1:02:03 rc 1"
+        w1 = max([len(x) for s in st.stages for x in (s.name, s.host)] + [5])
+        w2 = max([len(str(s.state or "")) for s in st.stages] + [12])  # "unreachable", "1:02:03 rc 1"
         w3 = max(id_width, console.width - w1 - w2 - 8)  # rich's padding between and around the columns
         table.add_column("stage", no_wrap=True, width=w1, overflow="ellipsis")
         table.add_column("state", no_wrap=True, width=w2, overflow="ellipsis")
         table.add_column("run · progress · ETA", no_wrap=True, overflow="ellipsis", width=w3)
-    for s in st["stages"]:
-        r = runs.get(s["latest_run"] or "") or {}
-        state = s["state"]
-        detail = ""
-        if r.get("signal"):
-            detail = f" sig {r['signal']}"
-        elif r.get("exit_code") not in (None, 0):
-            detail = f" rc {r['exit_code']}"
-        if r.get("orphans"):  # processes of its group outlived it: GPU memory may still be held
-            detail += " +orphans"
-        if r.get("orphaned"):  # its jobwrap was killed; the stage runs on, unsupervised
-            detail += " orphaned"
-        if (r.get("attempts") or 1) > 1:  # Slurm started its run directory again (requeued)
-            detail += f" attempts {r['attempts']}" + (" (refused)" if r.get("refused_start") else "")
-        style = STATE_STYLE.get(state, "")
-        prog, eta = progress_text(r), stage_eta_text(s, r)
+    for s in st.stages:
+        rs = st.run(s.latest_run)
+        r = rs.run if rs else None
+        state = str(s.state or "")
+        detail = display.end_short(r.signal, r.exit_code, r.orphans, r.orphaned) if r else ""
+        if r and (r.attempts or 1) > 1:  # Slurm started its run directory again (requeued)
+            detail += f" attempts {r.attempts}" + (" (refused)" if r.refused_start else "")
+        style = STATE_STYLE.get(s.state, "")
+        prog, eta = progress_text(rs), stage_eta_text(s, rs, now)
+        duration = fmt_duration(r.duration_s if r else None)
         if wide:
-            cells = [esc(s["name"]), esc(s["host"]),
+            cells = [esc(s.name), esc(s.host),
                      f"[{style}]{esc(state + detail)}[/]" if style else esc(state + detail),
-                     fmt_duration(r.get("duration_s")), esc(r.get("id", "")), esc(prog), esc(eta)]
+                     duration, esc(r.id if r else ""), esc(prog), esc(eta)]
         else:
             word = f"[{style}]{esc(state)}[/]" if style else esc(state)
-            second = " ".join(x for x in (fmt_duration(r.get("duration_s")), detail.strip()) if x)
+            second = " ".join(x for x in (duration, detail.strip()) if x)
             below = " · ".join(x for x in (prog, f"ETA {eta}" if eta else "") if x)
-            cells = [f"{esc(s['name'])}\n[dim]{esc(s['host'])}[/]", word + (f"\n{esc(second)}" if second else ""),
-                     esc(r.get("id", "")) + (f"\n{esc(below)}" if below else "")]
+            cells = [f"{esc(s.name)}\n[dim]{esc(s.host)}[/]", word + (f"\n{esc(second)}" if second else ""),
+                     esc(r.id if r else "") + (f"\n{esc(below)}" if below else "")]
         table.add_row(*cells)
     console.print(table)
-    for r in runs.values():  # a start Slurm made again and `requeue: refuse` turned away: say why
-        if r.get("refused_start") and r.get("id") in {s["latest_run"] for s in st["stages"]}:
-            console.print(esc(f"{r['id']}: {r['refused_start']}"), style="yellow", soft_wrap=True)
-    for line in slurm_queue_lines(st, runs):
+    latest = {s.latest_run for s in st.stages}
+    for rs in st.runs:  # a start Slurm made again and `requeue: refuse` turned away: say why
+        if rs.run.refused_start and rs.run.id in latest:
+            console.print(esc(f"{rs.run.id}: {rs.run.refused_start}"), style="yellow", soft_wrap=True)
+    for line in slurm_queue_lines(st):
         console.print(line, markup=False, highlight=False)
-    for u in st.get("services") or []:  # idle services hold their host (and its GPUs) for nothing
+    for u in st.json.get("services") or []:  # idle services hold their host (and its GPUs) for nothing
         if not u.get("in_use_by"):
             holds = f"holds {u['gpus']} GPU(s) on {u['host']}" if u.get("gpus") else f"on {u['host']}"
             console.print(esc(f"service {u['service']} is IDLE ({holds}) for {fmt_duration(u.get('idle_s'))}; "
                               f"stops at {fmt_clock(u.get('stops_at'))} (keep_alive_s), or `lab stop {u['service']}`"),
                           style="yellow")
-    pipe = st.get("pipeline") or {}
-    active = any(r.get("state") in ("running", "pending") and r.get("kind", "job") == "job" for r in runs.values())
-    rng = (f" ({fmt_clock(pipe.get('finish_low_at'))}–{fmt_clock(pipe.get('finish_high_at'))})"
-           if pipe.get("finish_low_at") else "")
-    if pipe.get("finish_at") and active:  # once nothing runs, the summary says how it went, not an "ETA"
-        console.print(esc(f"pipeline finishes about {fmt_clock(pipe['finish_at'])}{rng}"))
-    elif pipe.get("finish_at") and not runs:  # never ran: what the priors say
-        rng = f" ({clock_days(pipe.get('finish_low_at'))}–{clock_days(pipe.get('finish_high_at'))})"
-        console.print(esc(f"started now, the pipeline would finish about {clock_days(pipe['finish_at'])}{rng} "
+    pipe = st.block("pipeline")
+    fin = st.pipeline.finish if st.pipeline else None
+    active = any(r.run.state in ACTIVE and (r.run.kind or "job") == "job" for r in st.runs)
+    if fin is not None and active:  # once nothing runs, the summary says how it went, not an "ETA"
+        rng = display.eta_range(fin, now)
+        console.print(esc(f"pipeline finishes about {display.clock(fin.at, now)}" + (f" ({rng})" if rng else "")))
+    elif fin is not None and not st.runs:  # never ran: what the priors say
+        rng = f" ({display.clock(fin.low, now)}–{display.clock(fin.high, now)})"
+        console.print(esc(f"started now, the pipeline would finish about {display.clock(fin.at, now)}{rng} "
                           f"(first-run priors: input sizes x declared throughputs)"))
     fc = pipe.get("forecast")
     if isinstance(fc, dict) and isinstance(fc.get("acceptance_rate"), (int, float)):
-        from .forecast import describe  # docs/foresight.md
-        console.print(esc("forecast: " + describe(fc)), markup=False, highlight=False)
-    from eaglelab.figures import engine_words
+        console.print(esc("forecast: " + describe(fc)), markup=False, highlight=False)  # docs/foresight.md
     for sj in pipe.get("side_jobs") or []:  # docs/foresight.md: a smoke's failure is the next stage's
         eng = sj.get("engine") or {}
         if eng.get("alarm"):  # docs/foresight.md, "The engine check"
@@ -264,7 +251,7 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
         elif sj.get("smoke_of") and sj.get("reason") and sj.get("current_config"):
             console.print(esc(f"{sj['smoke_of']} WILL FAIL: its smoke test {sj['run']} {sj['state']} beside "
                               f"{sj['beside']}: {sj['reason']} (lab logs {sj['run']})"), markup=False, highlight=False)
-        elif sj.get("state") in ("running", "pending") and sj.get("run"):
+        elif sj.get("state") in ACTIVE and sj.get("run"):
             console.print(esc(f"side job {sj['stage']} running beside {sj['beside']} ({sj['run']})"),
                           markup=False, highlight=False)
     if show_all:
@@ -272,8 +259,8 @@ def print_status(st: dict, show_all: bool = False, console: Console | None = Non
         allruns.add_column("run", no_wrap=True)
         for col in ("stage", "host", "state", "exit", "signal", "started", "time"):
             allruns.add_column(col, overflow="fold")
-        for r in st["runs"]:
-            allruns.add_row(esc(r["id"]), esc(r["stage"]), esc(r["host"]), esc(r["state"]), esc(r.get("exit_code") or ""),
-                            esc(r.get("signal") or ""), fmt_clock(r.get("started_at")), fmt_duration(r.get("duration_s")))
+        for rs in st.runs:
+            r = rs.run
+            allruns.add_row(esc(r.id), esc(r.stage), esc(r.host), esc(r.state), esc(r.exit_code or ""),
+                            esc(r.signal or ""), fmt_clock(r.started_at), fmt_duration(r.duration_s))
         console.print(allruns)
-

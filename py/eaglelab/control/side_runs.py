@@ -20,7 +20,7 @@ from typing import TextIO
 from eaglelab import side_jobs
 from eaglelab.errors import EaglelabError
 from eaglelab.fsutil import parse_iso
-from eaglelab.model import ACTIVE
+from eaglelab.model import ACTIVE, RunState
 
 POLL_S = 2.0
 
@@ -85,7 +85,7 @@ class SideRuns:
             # forced: a side job is a cheap check of what is there now (its script skips finished steps)
             rec = self.lab.run(name, force=True, wait=False, out=self.out or _Null(), reap=False)
         except EaglelabError as e:  # could not start (preflight, a host away): as good as a failed run
-            rec = {"id": None, "stage": name, "host": s.host, "state": "failed", "error": str(e)}
+            rec = {"id": None, "stage": name, "host": s.host, "state": RunState.FAILED, "error": str(e)}
             self.say(f"side job {name} could not start: {e}")
             self.ended.add(name)
         self.started[name] = rec
@@ -106,7 +106,7 @@ class SideRuns:
 
     def report(self, name: str, run: dict) -> None:
         s = self.lab.cfg.stage(name)
-        if run["state"] == "completed":
+        if run["state"] == RunState.COMPLETED:
             self.say(f"side job {name} completed ({run['id']})"
                      + (f": {s.smoke_of} will start from a command that ran" if s.smoke_of else ""))
             return
@@ -145,7 +145,7 @@ class SideRuns:
                 time.sleep(POLL_S)
                 self.follow()
         latest = self.lab.latest(smoke)
-        if not latest or latest["state"] == "completed" or latest["state"] in ACTIVE:
+        if not latest or latest["state"] == RunState.COMPLETED or latest["state"] in ACTIVE:
             return None
         mine = self.lab.latest(of)
         if mine and (parse_iso(mine.get("started_at")) or 0) > (parse_iso(latest.get("ended_at")) or 0):

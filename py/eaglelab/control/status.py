@@ -1,5 +1,7 @@
-"""The whole lab as one JSON object (schema 1): `lab status --json` and `GET /api/status` both call
-collect(), so the terminal and the page can never disagree. Fields: docs/interfaces.md."""
+"""The whole lab as one object (eaglelab.lab_status.Status): `lab status`, `lab status --json` and
+`GET /api/status` all call collect(), so the terminal and the page can never disagree. The ETA
+engine and the forecast speak JSON (their documented interfaces), so the document is built first and
+read into the object once; the edges write it back with `to_json`. Fields: docs/interfaces.md."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import time
 
 from eaglelab import model
 from eaglelab.fsutil import utcnow_iso
+from eaglelab.lab_status import Status
 from eaglelab.model import ACTIVE, RunState, StageState
 
 from .lab import Lab
@@ -15,7 +18,7 @@ SCHEMA = 1
 RUN_FIELDS = model.RUN_FIELDS
 
 
-def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
+def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> Status:
     now = now or time.time()
     errors = lab.refresh() if refresh else {}
     hosts_seen = lab.registry.hosts()
@@ -54,6 +57,7 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
         if latest and latest["host_unreachable"] and state in ACTIVE:
             state = StageState.UNREACHABLE
         stages.append({"name": name, "host": s.host, "kind": s.kind, "depends_on": s.depends_on, "needs": s.needs,
+                       "after": s.after,
                        "description": s.description, "latest_run": latest["id"] if latest else None, "state": state})
     from .services import usage
     status = {"schema": SCHEMA, "generated_at": utcnow_iso(now), "profile": lab.cfg.profile,
@@ -61,7 +65,7 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> dict:
     from . import forecast  # pipeline.forecast: will the drafter pay off (docs/foresight.md)
     status = forecast.annotate(lab, _annotate_eta(lab, status, now, refresh), now)
     status["pipeline"]["side_jobs"] = side_jobs_view(lab, runs)
-    return status
+    return Status.from_json(status, now)
 
 
 def side_jobs_view(lab: Lab, runs: list[dict]) -> list[dict]:
@@ -96,7 +100,7 @@ def engine_figures(run: dict) -> dict | None:
         flagged = bool(metrics["engine/alarm"][-1][1])
     except (KeyError, TypeError, ValueError, IndexError):
         return None
-    return {**got, "alarm": flagged and run.get("state") == "failed", "run": run.get("id")}
+    return {**got, "alarm": flagged and run.get("state") == RunState.FAILED, "run": run.get("id")}
 
 
 def _annotate_eta(lab: Lab, status: dict, now: float, refresh: bool = False) -> dict:

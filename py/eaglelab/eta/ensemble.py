@@ -4,15 +4,16 @@ bar's own past frames (an online backtest: only frames already seen, no future d
 Candidates (each a per-item time as it stood at every first-reach observation of the bar):
   fit      the trend/regime fit (estimator.estimate_bar), recorded whenever it was computed
   ema      tqdm's smoothed rate (EMA of the steps between observations, smoothing 0.3)
-  slope    the rate over the last SLOPE_OBS observations (at least two clock ticks)
+  slope    the rate over the last SLOPE_OBS observations (at least two clock ticks; not weighed: USE)
   mean     the whole history's mean rate (kept for the record, not weighed: see USE)
   printed  the rate the line itself printed (tqdm's EMA on its exact clock)
 The backtest: from every earlier observation j, each candidate's rate then predicts the time the
 bar took from j for as many items as are left now (or as many as were done since, when fewer);
 the error is |log(predicted / actual)|. The candidates' recent squared errors (recent pairs weigh
 more) give their weights now (inverse mean squared error, squared: the better one dominates).
-A bar too young to judge (fewer than MIN_PAIRS backtest pairs) leans on the history prior when
-there is one (an earlier run of the same bar, an earlier epoch), else on the fit alone.
+A bar too young to judge (fewer than MIN_PAIRS backtest pairs, or seen for fewer than YOUNG_TICKS
+ticks of its clock) takes the rate its line printed where there is one, else the fit, leaning on
+the history prior when there is one (an earlier run of the same bar, an earlier epoch).
 The range: the weighted quantiles of the combined predictor's own backtest errors, widened for
 few pairs, mixed (log scale) with the fit's range while the backtest is thin.
 Pure: no I/O, no clock.
@@ -43,10 +44,17 @@ RANGE_FLOOR = 0.06  # never narrower than +-6%
 RANGE_SYM = 0.5  # each side of the range is at least this share of the other (past errors of one sign
 # only say the truth was on one side so far, not that it cannot be on the other)
 MAX_OBS = 512
+# A bar seen for fewer than YOUNG_TICKS ticks of its clock is too young to judge as well, whatever its
+# pairs: on a whole-second clock every pair of a fast bar is mostly rounding. A bar too young to judge
+# takes the rate its line printed where there is one (tqdm's EMA, timed on an exact clock), with the
+# fit's range (log scale, x YOUNG_RANGE) moved onto it; else the fit alone.
+YOUNG_TICKS = 8.0
+YOUNG_RANGE = 0.8
 CHANGE_PAIR_WEIGHT = 0.1  # after a step in the rate (the fit's new regime), pairs that start before it weigh this much
-# The candidates weighed. The whole-history mean is computed (the bench's baseline) but left out:
-# on the tuning logs it was never the one that helped (a bar whose rate holds is the fit's anyway).
-USE = ("fit", "ema", "slope", "printed")
+# The candidates weighed. The whole-history mean and the recent slope are computed (the bench's
+# baselines) but left out: on the tuning logs the mean never helped (a bar whose rate holds is the
+# fit's anyway), and the slope, on whole seconds, took weight on noise (long steady bars 1.14 -> 1.07).
+USE = ("fit", "ema", "printed")
 
 
 class Candidates:
@@ -167,8 +175,19 @@ def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low:
             mse = float(np.sum(pw[fin] * (e * e - noise)) / np.sum(pw[fin]))
             weights[k_] = max(mse, MSE_FLOOR) ** -WEIGHT_POWER
             errs[k_] = e
+    if weights and "printed" in now_items and T[m] - T[0] < YOUNG_TICKS * c.resolution:
+        weights = {}  # a few whole-second ticks: every backtest pair is mostly the clock's rounding
     if not weights:
-        # too young to judge: the fit, leaning on the history prior while the bar is short
+        # too young to judge: the printed rate (else the fit), leaning on the history prior while
+        # the bar is short
+        young = None
+        if fit_items_s is not None and "printed" in now_items:
+            p_items = now_items["printed"]
+            lo_f = math.log(fit_items_s / max(min(fit_items_s if fit_low is None else fit_low, fit_items_s), 1e-9))
+            hi_f = math.log(max(fit_items_s if fit_high is None else fit_high, fit_items_s) / fit_items_s)
+            fit_items_s, fit_low, fit_high = (p_items, p_items * math.exp(-YOUNG_RANGE * lo_f),
+                                              p_items * math.exp(YOUNG_RANGE * hi_f))
+            young = {"printed": 1.0}
         if prior_s_per_item and prior_s_per_item > 0:
             p_items = prior_s_per_item * remaining
             if fit_items_s is None:
@@ -178,6 +197,8 @@ def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low:
             lo = min(fit_low or fit_items_s, p_items / 2.0)
             hi = max(fit_high or fit_items_s, p_items * 2.0)
             return math.exp(lp), min(lo, math.exp(lp)), max(hi, math.exp(lp)), {"fit": wf, "prior": 1 - wf}
+        if young:
+            return fit_items_s, fit_low, fit_high, young
         return None
     tot = sum(weights.values())
     weights = {k_: v / tot for k_, v in weights.items()}

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglelab.errors import RegistryError
+from eaglelab.model import RunState
 
 WHOLE_RUN = "__run__"  # the registry's phase row for a run whose log named no phases
 
@@ -79,7 +80,7 @@ class History:
         known = {r.run_id for r in self.runs if r.run_id}
         extra = []
         for r in status.get("runs", []):
-            if r.get("state") != "completed" or r.get("id") in known or r.get("duration_s") is None:
+            if r.get("state") != RunState.COMPLETED or r.get("id") in known or r.get("duration_s") is None:
                 continue
             ls = r.get("log_state") or {}
             phases = tuple(PhaseRecord(str(p.get("name")), float(p["duration_s"]))
@@ -93,10 +94,10 @@ class History:
     def same(self, stage: str, host: str, profile: str) -> list[RunRecord]:
         """Completed runs of this stage on this host with this profile, oldest first."""
         return [r for r in self.runs if r.stage == stage and r.host == host and r.profile == profile
-                and r.state == "completed"]
+                and r.state == RunState.COMPLETED]
 
     def other(self, stage: str) -> list[RunRecord]:
-        return [r for r in self.runs if r.stage == stage and r.state == "completed"]
+        return [r for r in self.runs if r.stage == stage and r.state == RunState.COMPLETED]
 
 
 @dataclass(frozen=True)

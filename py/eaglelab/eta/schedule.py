@@ -9,6 +9,7 @@ import statistics
 from typing import Any
 
 from eaglelab.figures import seconds
+from eaglelab.model import RunState, StageState
 
 from .history import HISTORY_WIDEN, ZERO, History, Span, phase_estimate, phase_template
 from .prior import Prior, learned_span, stage_estimate
@@ -59,7 +60,7 @@ def stalled_reason(log: dict, now: float) -> str | None:
     unfinished bar has not moved for longer than even the slow end of its own estimate (the bar's
     remaining time, counted down since its last frame, would read "finishing now, range [0, 0]"
     for as long as it stays stuck)."""
-    if log.get("state") == "stalled":
+    if log.get("state") == StageState.STALLED:
         return (log.get("stall") or {}).get("message") or "the log says the run is stalled"
     progress = log.get("progress") or {}
     n, total, seen = progress.get("n"), progress.get("total"), _epoch(progress.get("observed_at"))
@@ -81,7 +82,7 @@ def run_eta(run: dict, history: History, profile: str, now: float) -> dict | Non
 
     Where the log names no phase, the current one is the template's first unfinished phase (for a
     stage whose runs have no phases, WHOLE_RUN: the run itself)."""
-    if run.get("state") != "running":
+    if run.get("state") != RunState.RUNNING:
         return None
     stage, host = run.get("stage", ""), run.get("host", "")
     log = run.get("log_state") or {}
@@ -195,15 +196,17 @@ def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: d
         if name in trail:
             raise ValueError(f"dependency cycle among stages: {' -> '.join(trail + (name,))}")
         st = by_name[name]
-        deps = [d for d in (st.get("depends_on") or []) + (st.get("needs") or []) if d in by_name]
+        # `after`: an order only (the pilot before the rest of synth in its own window), still a later start
+        deps = [d for d in (st.get("depends_on") or []) + (st.get("needs") or []) + (st.get("after") or [])
+                if d in by_name]
         dep_f = [finish(d, trail + (name,)) for d in deps]
         run = runs_by_id.get(st.get("latest_run") or "") or {}
-        state = run.get("state") or st.get("state") or "pending"
+        state = run.get("state") or st.get("state") or RunState.PENDING
         rec: dict[str, Any] = {"state": state}
-        if state == "completed":
+        if state == RunState.COMPLETED:
             end = _epoch(run.get("ended_at")) or now
             rec.update(eta=end, low=end, high=end, source="done", basis="done")
-        elif (state == "running" and name in run_etas and run_etas[name].get("eta_s") is not None
+        elif (state == RunState.RUNNING and name in run_etas and run_etas[name].get("eta_s") is not None
               and not _size_knows_better(run_etas[name], history, name, st.get("host", ""), profile, priors)):
             e = run_etas[name]
             src = e.get("source", "progress")
@@ -217,7 +220,7 @@ def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: d
             start_hi = max([now] + [f["high"] for f in dep_f if f["high"] is not None])
             prior = Prior.from_dict(priors[name]) if name in priors else None
             dur, why = stage_estimate(history, name, st.get("host", ""), profile, prior, st.get("kind") == "service")
-            if state == "running":  # running but no estimate of its own: elapsed vs history or prior
+            if state == RunState.RUNNING:  # running but no estimate of its own: elapsed vs history or prior
                 started = _epoch(run.get("started_at")) or now
                 start = start_lo = start_hi = started
             if dur is None or unknown_dep:
@@ -229,7 +232,7 @@ def pipeline_finish(stages: list[dict], runs_by_id: dict[str, dict], run_etas: d
                            high=max(start_hi + dur.high_s, now), source=dur.source,
                            basis=dur.basis or BASIS.get(dur.source, dur.source))
             rec["start"] = start
-            if state in ("failed", "killed"):
+            if state in (RunState.FAILED, RunState.KILLED):
                 rec["assumes_rerun"] = True
         rec["after"] = max(((f["eta"], d) for f, d in zip(dep_f, deps) if f["eta"] is not None), default=(None, None))[1]
         memo[name] = rec
@@ -295,7 +298,7 @@ def annotate(status: dict, history: dict | History | None, now: float, priors: d
         for key in ("basis", "reason"):  # in words: "prior: ...", "learned from 2 runs: ...", "live"
             if m.get(key):
                 s["eta"][key] = m[key]
-        if m.get("start") is not None and m["state"] != "running" and m["eta"] is not None:
+        if m.get("start") is not None and m["state"] != RunState.RUNNING and m["eta"] is not None:
             s["eta"]["start_at"] = _iso(m["start"])  # (no start time for a stage whose finish is unknown)
         if m.get("assumes_rerun"):
             s["eta"]["assumes_rerun"] = True

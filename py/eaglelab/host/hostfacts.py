@@ -41,7 +41,31 @@ def facts(work_dir: str, inputs: list[str], outputs: list[str], cwd: str) -> dic
             "free_disk_bytes": disk, "gpus": machine.gpus(),
             "inputs": machine.inputs_digest(inputs, str(base)) if inputs else {},
             "manifests": manifests(inputs, base), "cwd_exists": base.is_dir(), "pid": os.getpid(),
-            "drafters": drafters, "vllm": vllm_support.installed() if drafters else None}
+            "drafters": drafters, "vllm": vllm_support.installed() if drafters else None,
+            "model_configs": model_configs(inputs, base)}
+
+
+CONFIG_MAX_BYTES = 1 << 20  # a model's config.json is a few KB; anything larger is not one
+
+
+def model_configs(inputs: list[str], base: Path) -> dict[str, dict]:
+    """For each input that is a model directory: its config.json and its weights' bytes (*.safetensors), so
+    the plan that knows what fits reads the model's own numbers, not the profile's facts file."""
+    import json
+    out = {}
+    for p in inputs or []:
+        d = base / p
+        path = d / "config.json"
+        try:
+            if not path.is_file() or path.stat().st_size > CONFIG_MAX_BYTES:
+                continue
+            cfg = json.loads(path.read_text())
+            weights = sum(f.stat().st_size for f in d.glob("*.safetensors"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(cfg, dict):
+            out[p] = {"config": cfg, "weight_bytes": weights}
+    return out
 
 
 def manifests(inputs: list[str], base: Path) -> dict[str, dict]:

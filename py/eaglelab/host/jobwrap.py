@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from eaglelab.fsutil import atomic_write_json, read_json, utcnow_iso
-from eaglelab.model import decide_end, signal_text
+from eaglelab.model import RunState, decide_end, signal_text
 
 HEARTBEAT_S = 5.0
 ORPHAN_GRACE_S = 5.0
@@ -158,7 +158,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
         disk.guard(atomic_write_json, run_dir / "meta.json", meta)
         exit_record.write({
             "schema": 1, "exit_code": 127, "signal": None, "signal_name": None,
-            "ended_at": utcnow_iso(), "state": "failed", "error": str(e)})
+            "ended_at": utcnow_iso(), "state": RunState.FAILED, "error": str(e)})
         return 127
 
     meta.update(started_at=utcnow_iso(started), jobwrap_pid=os.getpid(), pid=child.pid, pgid=child.pid,
@@ -209,7 +209,7 @@ def run(run_dir: Path, command: list[str], cwd: str, env_extra: dict[str, str]) 
     if stops:  # paused (SIGSTOP, Ctrl-Z on the host): that time was no work, and the ETA history must know
         record["stopped"] = {"total_s": round(sum(s for _, _, s in stops), 3),
                              "intervals": [[utcnow_iso(a), utcnow_iso(b)] for a, b, _ in stops]}
-    if disk.seen_at and record["state"] == "failed":
+    if disk.seen_at and record["state"] == RunState.FAILED:
         # the log may lack the stage's own "No space left" (it could not be written either)
         record["failure"] = {"reason": "disk_full", "line": None, "process": None,
                              "message": f"no space left on the device of {run_dir} (seen {disk.seen_at}); "

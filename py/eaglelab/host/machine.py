@@ -9,6 +9,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from eaglelab.model import RunState
+
 
 def gpus() -> list[dict] | None:
     """nvidia-smi's view of the GPUs, or None on a host without them."""
@@ -64,7 +66,7 @@ def inputs_digest(paths: list[str], cwd: str = ".") -> dict[str, str]:
 def mark_gpu_holders(devices: list[dict], runs: list[dict]) -> None:
     """gpus[*].runs: the running runs whose process group has a compute process on that GPU;
     gpus[*].other_processes: compute processes of no run (another user's, or a lost stage's)."""
-    groups = {r.get("pgid"): r["id"] for r in runs if r.get("state") == "running" and r.get("pgid")}
+    groups = {r.get("pgid"): r["id"] for r in runs if r.get("state") == RunState.RUNNING and r.get("pgid")}
     try:
         out = subprocess.run(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from eaglelab.model import ACTIVE, FINAL, RunState, decide_end
+from eaglelab.model import ACTIVE, FINAL, RunState, StageState, decide_end
 
 # Slurm's end state -> (our run state, failure reason or None). The one table; tests/test_slurm_states.py
 # checks every row. COMPLETED, FAILED and CANCELLED defer to jobwrap's exit.json when there is one.
@@ -217,7 +217,7 @@ def agreeing_log(ls: dict | None, state: RunState, *, lost: bool = False,
                          **({"log_message": prev.get("message")} if prev.get("message") else {})}
     if ls is None:
         return None
-    if lost and ls.get("state") in (RunState.RUNNING, "stalled"):
+    if lost and ls.get("state") in (RunState.RUNNING, StageState.STALLED):
         # A silent death: the process is gone and the log just stops, no exit line, no exit
         # status. Said as such, with the last line it wrote (what it was doing when it died).
         last = ls.get("last_line")

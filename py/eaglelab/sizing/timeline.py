@@ -43,6 +43,7 @@ class StageSpec:
     beside: str | None = None   # a side job: runs while this stage runs
     flags: dict = field(default_factory=dict)   # its command's `--flag value` pairs, rendered
     prior: PriorNumbers | None = None
+    after_data_part: bool = False  # a pilot whose data part ran in a stage before it (pilot_window: own)
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,12 @@ class Plan:
     misfits: tuple[Misfit, ...]
     total_s: float
     facts_source: str
+    first_forecast: StageEstimate | None = None  # the pilot whose end brings the first acceptance forecast
 
     def as_dict(self) -> dict:
+        first = self.first_forecast
         return {"facts": self.facts_source, "total_s": round(self.total_s),
+                "first_forecast": None if first is None else {"stage": first.stage, "at_s": round(first.end_s)},
                 "stages": [s.as_dict() for s in self.stages], "misfits": [m.as_dict() for m in self.misfits],
                 "fits": not self.misfits}
 
@@ -204,6 +208,12 @@ def estimate_stage(spec: StageSpec, facts: Facts, st: Settings) -> StageEstimate
                           int(_num(f, "max-model-len", 0)), what=spec.name)
             gpu = s.gpu
             kv = f"{max(s.kv_cache_gib, 0):.1f} GiB: {s.kv_tokens:,} tokens, {s.sequences:.1f} x max-model-len"
+    elif spec.role == "pilot" and str(f.get("through", "train")) != "train":
+        # the pilot's data part (pilot_window: own): its samples' hidden states, no train on a GPU
+        if tokens is not None:
+            disk = Figure(_num(f, "samples", 0) * tokens.value * (st.aux_layers + 1) * m.hidden_size * BF16,
+                          "arithmetic", "its samples' hidden states")
+        ram = Figure(2.0, "prior")
     elif spec.role in ("train", "pilot", "smoke"):
         seq = int(_num(f, "total-seq-len", _num(f, "seq-length", 8192)))
         ttt = int(_num(f, "acceptance-k", 3))
@@ -220,7 +230,7 @@ def estimate_stage(spec: StageSpec, facts: Facts, st: Settings) -> StageEstimate
         if tokens is not None and spec.role != "smoke":
             ckpt = epochs * (d.trainable * 4 * 2 + d.frozen * BF16)
             hs = (_num(f, "samples", 0) * tokens.value * (st.aux_layers + 1) * m.hidden_size * BF16
-                  if spec.role == "pilot" else 0)
+                  if spec.role == "pilot" and not spec.after_data_part else 0)
             disk = Figure(ckpt + hs, "arithmetic", f"{epochs:g} checkpoints (weights + optimizer state)"
                           + (", its samples' hidden states" if hs else ""))
     elif spec.role == "extract" and tokens is not None:
@@ -229,7 +239,8 @@ def estimate_stage(spec: StageSpec, facts: Facts, st: Settings) -> StageEstimate
                       f"{n:,.0f} tokens x {st.aux_layers + 1} layers x {m.hidden_size} x 2 B")
         ram = Figure(2.0, "prior")
     elif spec.role == "synth" and tokens is not None:
-        disk = Figure(st.samples * tokens.value * JSONL_BYTES_PER_TOKEN, "prior",
+        rows = min(st.samples, _num(f, "limit", st.samples))  # synth_head: the pilot's first rows
+        disk = Figure(rows * tokens.value * JSONL_BYTES_PER_TOKEN, "prior",
                       f"{JSONL_BYTES_PER_TOKEN} bytes a token of JSONL")
         ram = Figure(2.0, "prior")
     elif spec.role == "prepare" and tokens is not None:
@@ -250,6 +261,7 @@ def plan(specs: list[StageSpec], facts: Facts, st: Settings) -> Plan:
     own = {s.name: estimate_stage(s, facts, st) for s in specs}
     up: dict[str, float] = {}        # service -> when its load began
     placed: dict[str, StageEstimate] = {}
+    windows: list[StageEstimate] = []   # every service's every window: one a load
     misfits: list[Misfit] = []
     t = 0.0
 
@@ -263,7 +275,7 @@ def plan(specs: list[StageSpec], facts: Facts, st: Settings) -> Plan:
             if svc in keep or s.host != host or not s.gpus:
                 continue
             if sum(gpus_of(x) for x in up if by_name[x].host == host) + need > total:
-                placed[svc] = _at(own[svc], up.pop(svc), t)
+                windows.append(_at(own[svc], up.pop(svc), t))
 
     for s in specs:
         if s.kind != "job":
@@ -286,8 +298,8 @@ def plan(specs: list[StageSpec], facts: Facts, st: Settings) -> Plan:
             t = est.end_s
         misfits += gpu_misfits(s, est, [own[c] for c in co if by_name[c].gpus], facts)
     for svc, began in up.items():
-        placed[svc] = _at(own[svc], began, t)
-    order = sorted(placed.values(), key=lambda e: (e.start_s, e.kind != "service"))
+        windows.append(_at(own[svc], began, t))
+    order = sorted([*placed.values(), *windows], key=lambda e: (e.start_s, e.kind != "service"))
     for e in order:
         if e.role == "serve":
             misfits += serve_misfits(e, facts)
@@ -301,7 +313,10 @@ def plan(specs: list[StageSpec], facts: Facts, st: Settings) -> Plan:
                               f"the longest: {worst.stage} {worst.seconds.value / 3600:.1f} h",
                               f"shorten {worst.stage} (its settings, `lab plan --offline` says how its time is "
                               f"made), or raise the profile's plan_budget_h"))
-    return Plan(tuple(order), tuple(misfits), total, facts.source or facts.model.source)
+    # the first forecast: a pilot's end (its train's estimates), not a data part that stops before its train
+    pilots = [e for e in order if e.role == "pilot" and str(by_name[e.stage].flags.get("through", "train")) == "train"]
+    first = min(pilots, key=lambda e: e.end_s, default=None)
+    return Plan(tuple(order), tuple(misfits), total, facts.source or facts.model.source, first)
 
 
 def _at(e: StageEstimate, start: float, end: float, beside: tuple[str, ...] = ()) -> StageEstimate:

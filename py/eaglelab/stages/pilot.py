@@ -32,6 +32,10 @@ own manifest (extraction's finished files, train's last epoch). The estimates of
 before an interruption are printed again before the resumed training, so the log holds the whole
 curve. `<out>/manifest.json` (stage "pilot", the acceptance figures in `extra`) is written last.
 
+--through STEP stops after that step (its outputs whole, no pilot manifest): where the target holds
+every GPU (kimi-k2.5), the stage `pilot_data` extracts through serve_extract with `--through vocab`
+and `pilot` then finds those steps done and trains on a GPU of its own (eaglelab.pilot_window).
+
     python -m eaglelab.stages.pilot --synth data/demo/synth --model data/demo/model --out data/demo/pilot \
         --samples 16 --aux-layers "1 2 3" --seq-length 1024 --draft-vocab-size 128 --epochs 2 --lr 3e-3
 
@@ -356,12 +360,15 @@ def replay(records: list[dict], why: str, echo) -> None:
               show_default=True, help="transformers: a local forward pass (no second server beside synth's)")
 @click.option("--extract-endpoint", default="http://127.0.0.1:8000", show_default=True,
               help="vllm backend: the extraction server (serve_extract)")
+@click.option("--through", type=click.Choice(["prepare", "extract", "vocab", "train"]), default="train",
+              show_default=True, help="stop after this step (the data part in one stage, the train in the next)")
 @click.option("--extract-staging", type=click.Path(path_type=Path), default=None,
               help="vllm backend: that server's --hidden-states-path")
 def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: float, aux_layers: str, seq_length: int,
          draft_vocab_size: int, epochs: int, lr: float, loss_fn: str, device: str, acceptance_k: int,
          acceptance_temperature: float, acceptance_top_p: float, seed: int, warm_start: str, warm_start_vocab: str,
-         trust_remote_code: bool, extract_backend: str, extract_endpoint: str, extract_staging: Path | None) -> None:
+         trust_remote_code: bool, extract_backend: str, extract_endpoint: str, extract_staging: Path | None,
+         through: str) -> None:
     """Run the pilot slice: synth's first rows through prepare, extract, vocab and a short train."""
     t0 = time.monotonic()
     echo = lambda m: click.echo(m)
@@ -452,6 +459,10 @@ def main(synth_dir: Path, model: Path, out_dir: Path, samples: int, wait_s: floa
             ledger.record(step, argv, inputs, output, time.monotonic() - s0)
         if step == "prepare":
             n = manifest.read(output)["counts"]["samples"]
+        if step == through != "train":
+            echo(f"pilot: stopping after step {k}/{len(STEPS)} {step} (--through {through}): its outputs are whole; "
+                 "the pilot's train runs next, finding these steps done")
+            return
 
     k = len(STEPS)
     echo(f"pilot: step {k}/{k} acceptance ({n} samples)")

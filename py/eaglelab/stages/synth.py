@@ -32,6 +32,12 @@ than finishing hours of work that would fail anyway; finished conversations are 
 
     python -m eaglelab.stages.synth --endpoint http://127.0.0.1:8100 --model data/demo/model \
         --prompts data/demo/prompts.jsonl --out data/demo/synth
+
+--reuse DIR takes the conversations an earlier synth already made (the pilot's own window makes the
+first rows in `synth_head`, docs/foresight.md): when DIR's manifest was written with the same
+prompts, model, sampling and cap, its rows of our prompts are copied in before the run and the
+resume skips them; with other settings nothing is taken (said in the log), so no row made
+otherwise enters the data.
 """
 
 from __future__ import annotations
@@ -230,6 +236,40 @@ class ServedAcceptance:
         return self.last
 
 
+def reuse_rows(src_dir: Path, out_path: Path, params: dict, prompt_ids: set[str]) -> str:
+    """Append to out_path the conversations of src_dir (an earlier synth's output) that are ours and not
+    there yet, when src_dir was made with our settings (its limit aside); what was done, in words."""
+    doc = manifest.read(src_dir)
+    if doc is None or manifest.problems(src_dir, doc):
+        return f"--reuse {src_dir}: no finished synth output there (no sound manifest); nothing reused"
+    theirs = {k: v for k, v in (doc.get("params") or {}).items() if k != "limit"}
+    ours = json.loads(json.dumps({k: v for k, v in params.items() if k != "limit"}))
+    if doc.get("stage") != "synth" or theirs != ours:
+        diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        return f"--reuse {src_dir}: made with other settings ({', '.join(diff) or 'another stage'}); nothing reused"
+
+    def conversation(line: bytes) -> str | None:  # speculators' resume key: primary_id (id in older files)
+        try:
+            row = json.loads(line)
+            return str(row.get("primary_id") or row.get("id"))
+        except (ValueError, AttributeError):
+            return None  # a garbled line: that prompt is generated again
+
+    have = {conversation(line) for line in out_path.read_bytes().splitlines()} if out_path.exists() else set()
+    taken, ids = [], set()
+    for line in (src_dir / OUT_NAME).read_bytes().splitlines(keepends=True):
+        rid = conversation(line)
+        if rid in prompt_ids and rid not in have and line.endswith(b"\n"):
+            taken.append(line)
+            ids.add(rid)
+    if taken:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(out_path, "ab") as f:  # before speculators opens it: its resume skips these ids
+            f.writelines(taken)
+    return (f"--reuse {src_dir}: {len(ids)} conversation(s) ({len(taken)} rows) taken; "
+            f"{len(have & prompt_ids)} were here already")
+
+
 def check_rows(rows: list[dict], path: Path) -> None:
     for i, r in enumerate(rows):
         ids, mask = r.get("input_ids"), r.get("loss_mask")
@@ -260,10 +300,12 @@ def check_rows(rows: list[dict], path: Path) -> None:
 @click.option("--trust-remote-code/--no-trust-remote-code", default=False, help="the tokenizer needs custom code (e.g. Kimi's tiktoken)")
 @click.option("--spec-every-s", default=30.0, show_default=True,
               help="read the server's spec-decode counters this often and print the served acceptance (0: at the end only)")
+@click.option("--reuse", type=click.Path(path_type=Path), default=None,
+              help="an earlier synth's output made with the same settings (synth_head): its conversations are kept")
 def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: int, max_tokens: int,
          sampling_params: str, temperature: float | None, top_p: float | None, probe_n: int, limit: int | None,
          reasoning: bool, max_error_fraction: float, max_retries: int, trust_remote_code: bool,
-         spec_every_s: float) -> None:
+         spec_every_s: float, reuse: Path | None) -> None:
     """Generate on-policy responses from the served target."""
     endpoint = endpoint.rstrip("/")
     try:
@@ -291,6 +333,8 @@ def main(endpoint: str, model: str, prompts: Path, out_dir: Path, concurrency: i
     moved = manifest.claim(out_dir, "synth", params)
     if moved:
         click.echo(f"synth: {out_dir} held responses made with other prompts or settings; moved to {moved}")
+    if reuse is not None:
+        click.echo("synth: " + reuse_rows(reuse, out_dir / OUT_NAME, params, set(prompt_ids)))
 
     import importlib
 

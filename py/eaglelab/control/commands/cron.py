@@ -19,6 +19,7 @@ import click
 
 from eaglelab.errors import EaglelabError
 from eaglelab.fsutil import open_private_append, private_dir, utcnow_iso
+from eaglelab.model import RunState
 
 from .. import cron as cronlib
 from ..lab import exit_code_of
@@ -181,7 +182,7 @@ def _run_target(ctx: click.Context, target: str) -> tuple[int, str | None]:
                 return exit_code_of(result.failed), None
         else:
             rec = lab.run(target, deps=True, wait=True, follow=False)
-            if lab.cfg.stage(target).kind == "job" and rec["state"] != "completed":
+            if lab.cfg.stage(target).kind == "job" and rec["state"] != RunState.COMPLETED:
                 return exit_code_of(rec), None
         return 0, None
     except EaglelabError as e:

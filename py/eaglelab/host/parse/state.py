@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from eaglelab.figures import seconds
 from eaglelab.fsutil import utcnow_iso
-from eaglelab.model import decide_end
+from eaglelab.model import RunState, StageState, decide_end
 
 from . import markers, prefilter, speculators, training, vllm
 from .ansi import strip_ansi
@@ -350,13 +350,13 @@ class LogState:
                 phase=self._open["name"] if self._open else None, phase_started_at=self._open_t[1],
                 expected_phase_s=self.expected_phase_s)
         if fail is not None:
-            state = "failed"
+            state = RunState.FAILED
         elif self.done_line is not None or self.shutdown_line is not None and suspect is None:
-            state = "completed"
+            state = RunState.COMPLETED
         elif stall is not None:
-            state = "stalled"
+            state = StageState.STALLED
         else:
-            state = "running"
+            state = RunState.RUNNING
         out: dict = {
             "schema": SCHEMA,
             "state": state,

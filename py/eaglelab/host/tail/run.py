@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from eaglelab.fsutil import atomic_write_bytes, parse_iso, read_json, utcnow_iso
+from eaglelab.model import RunState, StageState
 
 from ..parse.state import LogState, combine_with_exit
 from .follower import FileFollower
@@ -119,9 +120,9 @@ class RunFollower:
             self.state.end_of_log()  # the process has exited and its log is read: it is complete
         snap = self.state.snapshot(now=now, alive=alive, exit_info=exit_info)
         silent = self._silent_for(now) if alive and exit_info is None and self.reader.offset == 0 else None
-        if silent is not None and silent > SILENT_MAX_S and snap.get("state") == "running":
+        if silent is not None and silent > SILENT_MAX_S and snap.get("state") == RunState.RUNNING:
             # not one byte since the start: the log-based rules have nothing to go on, this one does
-            snap["state"] = "stalled"
+            snap["state"] = StageState.STALLED
             snap["stall"] = {"reason": "silent", "idle_s": round(silent, 1),
                              "message": f"no output at all in {silent / 60:.0f} min since the stage started"}
         snap["updated_at"] = utcnow_iso(now)
@@ -255,7 +256,7 @@ def run_state(run_dir: Path) -> dict | None:
         exit_info = None
     if state is None and exit_info is not None and exit_info.get("failure") and not (run_dir / "state.json").exists():
         # never written (a full disk from the start): jobwrap's own diagnosis is all there is
-        state = {"schema": 1, "state": "running", "failure": None}
+        state = {"schema": 1, "state": RunState.RUNNING, "failure": None}
     if not isinstance(state, dict):
         return state  # absent, half-written or of the wrong shape: readers say so (log_state_status)
     if exit_info is not None and "exit" not in state:
