@@ -56,7 +56,13 @@ def test_writer_killed_mid_write_leaves_a_usable_registry(tmp_path):
     Registry(db).upsert({"id": "keep-1", "stage": "s", "host": "h", "state": "completed", "exit_code": 0})
     for attempt in range(3):
         p = _writer(tmp_path, db, f"victim{attempt}", 100000)
-        time.sleep(0.5 + attempt * 0.3)  # mid-stream: it writes continuously
+        deadline = time.time() + 120  # its first write (a loaded machine takes seconds to start Python)
+        while time.time() < deadline and p.poll() is None:
+            with sqlite3.connect(db) as c:
+                if c.execute("SELECT 1 FROM runs WHERE host = ?", (f"victim{attempt}",)).fetchone():
+                    break
+            time.sleep(0.05)
+        time.sleep(0.2 + attempt * 0.3)  # mid-stream: it writes continuously
         p.send_signal(signal.SIGKILL)
         p.wait()
     reg = Registry(db)
