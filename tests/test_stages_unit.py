@@ -385,6 +385,7 @@ def test_eval_sweep_cells_spread_and_verdicts():
     plan = eval_stage.sweep_plan([1, 4], 1.0, 0.95)
     assert [(n, c) for n, c, _ in plan][2:] == [("sampled", 1), ("sampled", 4)]
     assert plan[2][2] == {"temperature": 1.0, "top_p": 0.95}
+    assert eval_stage.sweep_plan([4], 1.0, 0.95, seed=7)[1][2] == {"temperature": 1.0, "top_p": 0.95, "seed": 7}
 
     base = eval_stage.aggregate([bench_cell(100.0, 10.0), bench_cell(110.0, 9.0)])
     assert base["tokens_per_s"] == {"mean": 105.0, "min": 100.0, "max": 110.0, "n": 2} and "drafts" not in base
@@ -426,7 +427,10 @@ def test_eval_bench_argv_and_figures(tiny, tmp_path):
     args = parser.parse_args(argv)  # vLLM's own parser accepts every flag we give it
     assert (args.max_concurrency, args.num_prompts, args.temperature, args.top_p) == (4, 8, 1.0, 0.9)
     assert args.ignore_eos and args.backend == "openai" and args.endpoint == "/v1/completions"
-    assert args.trust_remote_code and args.dataset_name == "custom"
+    assert args.trust_remote_code and args.dataset_name == "custom" and not args.extra_body
+    seeded = parser.parse_args(eval_bench.bench_argv("http://127.0.0.1:1", "m", tmp_path / "d.jsonl", 8, 4, 32,
+                                                     {"temperature": 1.0, "seed": 3}))
+    assert seeded.extra_body == {"seed": 3}  # each sampled request carries the seed: the cell repeats
     rows = [json.loads(x) for x in (tiny / "eval.jsonl").read_text().splitlines()]
     eval_bench.render_prompts(rows, str(tiny / "model"), 32, tmp_path / "d.jsonl", trust_remote_code=False)
     out = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]

@@ -114,11 +114,14 @@ def parse_concurrency(text: str) -> list[int]:
     return sorted(set(levels))
 
 
-def sweep_plan(levels: list[int], temperature: float, top_p: float) -> list[tuple[str, int, dict]]:
-    """(sampling name, concurrency, sampling params) per cell, greedy first (pure)."""
+def sweep_plan(levels: list[int], temperature: float, top_p: float,
+               seed: int | None = None) -> list[tuple[str, int, dict]]:
+    """(sampling name, concurrency, sampling params) per cell, greedy first (pure). `seed`: sent with
+    every sampled request (vLLM seeds each request's sampler with it), so a sampled cell repeats."""
     modes = [("greedy", {"temperature": 0.0})]
     if temperature > 0:
-        modes.append(("sampled", {"temperature": temperature, "top_p": top_p}))
+        modes.append(("sampled", {"temperature": temperature, "top_p": top_p,
+                                  **({"seed": seed} if seed is not None else {})}))
     return [(name, c, params) for name, params in modes for c in levels]
 
 
@@ -239,6 +242,8 @@ def check_served(endpoint: str, model: str) -> None:
 @click.option("--repeats", default=2, show_default=True, help="runs per cell (the spread)")
 @click.option("--temperature", default=0.0, show_default=True, help="> 0: also a sampled sweep at this temperature")
 @click.option("--top-p", default=1.0, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="the seed of every sampled request (-1: unseeded), so the sampled cells repeat (profile var eval_seed)")
 @click.option("--decide-at", "decide_text", default="", help="the concurrency the verdict is decided at (default/empty: the largest)")
 @click.option("--limit", type=int, default=None)
 @click.option("--rounds", default=0, show_default=True, type=click.IntRange(min=0),
@@ -248,7 +253,7 @@ def check_served(endpoint: str, model: str) -> None:
 @click.option("--fail-if-slower", is_flag=True, help="exit non-zero when the drafter makes serving slower")
 def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, baseline_file: Path | None,
          drafter: Path | None, max_tokens: int, concurrency_text: str, repeats: int, temperature: float,
-         top_p: float, decide_text: str, limit: int | None, rounds: int, trust_remote_code: bool,
+         top_p: float, seed: int, decide_text: str, limit: int | None, rounds: int, trust_remote_code: bool,
          fail_if_slower: bool) -> None:
     """Measure serving with and without the drafter over a concurrency sweep; report and verdict."""
     endpoint = endpoint.rstrip("/")
@@ -262,7 +267,7 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
     rows = load_prompts(prompts, limit)
     check_served(endpoint, model)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plan = sweep_plan(levels, temperature, top_p)
+    plan = sweep_plan(levels, temperature, top_p, None if seed < 0 else seed)
     settings = {"prompts_sha256": manifest.sha256_file(prompts), "limit": limit, "max_tokens": max_tokens,
                 "concurrency": levels, "repeats": repeats, "sampled": [p for n, _, p in plan if n == "sampled"][:1],
                 **({"rounds": rounds} if rounds else {})}

@@ -52,6 +52,8 @@ def bench_argv(endpoint: str, model: str, dataset: Path, requests: int, concurre
             "--metric-percentiles", "50,99", "--temperature", str(sampling.get("temperature", 0.0))]
     if "top_p" in sampling:
         argv += ["--top-p", str(sampling["top_p"])]
+    if sampling.get("seed") is not None:  # every request seeded: a sampled cell repeats token for token
+        argv += ["--extra-body", json.dumps({"seed": int(sampling["seed"])})]
     if trust_remote_code:
         argv.append("--trust-remote-code")
     return argv
