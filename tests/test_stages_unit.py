@@ -647,3 +647,56 @@ def test_eval_rounds_size_each_cell_by_its_concurrency():
     assert [eval_stage.cell_requests(c, 256, 4) for c in (1, 4, 16, 64)] == [4, 16, 64, 256]
     assert [eval_stage.cell_requests(c, 40, 4) for c in (1, 16)] == [4, 40]  # never more than the prompts
     assert [eval_stage.cell_requests(c, 256, 0) for c in (1, 64)] == [256, 256]  # 0: every prompt, every cell
+
+
+def test_eval_decides_on_the_served_decoding_with_the_other_beside():
+    """#28 item 5: the verdict's cell is the decoding the model is served with (auto: sampled when the eval
+    samples), the other decoding's figures beside it; asking for a sampled verdict without a sampled sweep
+    is refused naming the vars."""
+    assert eval_stage.decide_sampling("auto", 1.0) == "sampled" and eval_stage.decide_sampling("auto", 0.0) == "greedy"
+    assert eval_stage.decide_sampling("greedy", 1.0) == "greedy"  # the demo: decided greedy although it samples too
+    with pytest.raises(StageError, match="eval_decide_sampling, eval_temperature"):
+        eval_stage.decide_sampling("sampled", 0.0)
+    base = eval_stage.aggregate([bench_cell(100.0, 10.0), bench_cell(100.0, 10.0)])
+    greedy = eval_stage.aggregate([bench_cell(150.0, 6.0, 10, 15, (0.8, 0.5, 0.2)), bench_cell(150.0, 6.0, 10, 15, (0.8, 0.5, 0.2))])
+    sampled = eval_stage.aggregate([bench_cell(90.0, 6.0, 10, 3, (0.1, 0.0, 0.0)), bench_cell(90.0, 6.0, 10, 3, (0.1, 0.0, 0.0))])
+    sweep = [{"sampling": s, "concurrency": 4, "baseline": base, "spec": c, "comparison": eval_stage.compare(base, c, s)}
+             for s, c in (("greedy", greedy), ("sampled", sampled))]
+    g, s = eval_stage.cell_at(sweep, "greedy", 4), eval_stage.cell_at(sweep, "sampled", 4)
+    assert g == {"acceptance_rate": pytest.approx(0.5), "mean_acceptance_length": pytest.approx(2.5),
+                 "speedup": pytest.approx(1.5), "verdict": "PAYS"}
+    assert s["acceptance_rate"] == pytest.approx(0.1) and s["speedup"] == pytest.approx(0.9)
+    assert s["verdict"] == "SLOWER"  # what a kimi-like model served sampled would be told, greedy's PAYS beside
+    assert eval_stage.cell_at(sweep, "sampled", 1) is None
+
+
+def test_eval_window_cut_from_synth_rows(tiny, tmp_path):
+    """#28 item 5: the window's prompts are the conversation plus the response's first N tokens (a continued
+    assistant turn), from the last rows whose response is longer than N; too short rows are counted."""
+    rows = [{"input_ids": [1, 10, 11, 20, 21, 22, 23], "loss_mask": [0, 0, 0, 1, 1, 1, 1]},   # response of 4
+            {"input_ids": [1, 12, 30, 31], "loss_mask": [0, 0, 1, 1]},                         # of 2: too short
+            {"input_ids": [1, 13, 14, 15, 40, 41, 42, 43, 44], "loss_mask": [0, 0, 0, 0, 1, 1, 1, 1, 1]}]
+    cuts, short = eval_bench.window_prompts(rows, 3, None, "r.jsonl")
+    assert cuts == [[1, 10, 11, 20, 21, 22], [1, 13, 14, 15, 40, 41, 42]] and short == 1
+    assert eval_bench.window_prompts(rows, 3, 1, "r.jsonl")[0] == [[1, 13, 14, 15, 40, 41, 42]]  # the last rows
+    with pytest.raises(StageError, match="no row has a response longer than --window-offset 9"):
+        eval_bench.window_prompts(rows, 9, None, "r.jsonl")
+    with pytest.raises(StageError, match="r.jsonl: row 1 has no input_ids/loss_mask"):
+        eval_bench.window_prompts([{"messages": []}], 3, None, "r.jsonl")
+    with pytest.raises(StageError, match="eval_window_offset"):
+        eval_bench.window_prompts(rows, 0, None, "r.jsonl")
+    # on the tiny model: the chat-templated conversation, then the response's opening, continued
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny / "model"))
+    text = tok.apply_chat_template([{"role": "user", "content": "say something"}], add_generation_prompt=True,
+                                   tokenize=False)
+    conv = tok(text, add_special_tokens=False).input_ids
+    answer = tok("alpha beta gamma delta epsilon", add_special_tokens=False).input_ids
+    row = {"input_ids": conv + answer, "loss_mask": [0] * len(conv) + [1] * len(answer)}
+    cut, _ = eval_bench.window_prompts([row], 2, None, "r.jsonl")
+    eval_bench.render_window(cut, str(tiny / "model"), 16, tmp_path / "w.jsonl", trust_remote_code=False)
+    (line,) = [json.loads(x) for x in (tmp_path / "w.jsonl").read_text().splitlines()]
+    assert line["output_tokens"] == 16 and "say something" in line["prompt"]
+    assert line["prompt"].endswith(tok.decode(answer[:2])) and not line["prompt"].endswith(tok.decode(answer[:3]))
+    assert line["prompt"].count(tok.bos_token) <= 1
