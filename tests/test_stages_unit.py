@@ -653,10 +653,10 @@ def test_eval_decides_on_the_served_decoding_with_the_other_beside():
     """#28 item 5: the verdict's cell is the decoding the model is served with (auto: sampled when the eval
     samples), the other decoding's figures beside it; asking for a sampled verdict without a sampled sweep
     is refused naming the vars."""
-    assert eval_stage.decide_sampling("auto", 1.0) == "sampled" and eval_stage.decide_sampling("auto", 0.0) == "greedy"
-    assert eval_stage.decide_sampling("greedy", 1.0) == "greedy"  # the demo: decided greedy although it samples too
+    assert eval_stage.decoding_of("auto", 1.0) == "sampled" and eval_stage.decoding_of("auto", 0.0) == "greedy"
+    assert eval_stage.decoding_of("greedy", 1.0) == "greedy"  # the demo: decided greedy although it samples too
     with pytest.raises(StageError, match="eval_decide_sampling, eval_temperature"):
-        eval_stage.decide_sampling("sampled", 0.0)
+        eval_stage.decoding_of("sampled", 0.0)
     base = eval_stage.aggregate([bench_cell(100.0, 10.0), bench_cell(100.0, 10.0)])
     greedy = eval_stage.aggregate([bench_cell(150.0, 6.0, 10, 15, (0.8, 0.5, 0.2)), bench_cell(150.0, 6.0, 10, 15, (0.8, 0.5, 0.2))])
     sampled = eval_stage.aggregate([bench_cell(90.0, 6.0, 10, 3, (0.1, 0.0, 0.0)), bench_cell(90.0, 6.0, 10, 3, (0.1, 0.0, 0.0))])
@@ -668,6 +668,17 @@ def test_eval_decides_on_the_served_decoding_with_the_other_beside():
     assert s["acceptance_rate"] == pytest.approx(0.1) and s["speedup"] == pytest.approx(0.9)
     assert s["verdict"] == "SLOWER"  # what a kimi-like model served sampled would be told, greedy's PAYS beside
     assert eval_stage.cell_at(sweep, "sampled", 1) is None
+    # through the command itself: refused before any server is asked, naming the vars
+    from click.testing import CliRunner
+
+    common_args = ["--mode", "spec", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--prompts", "p.jsonl",
+                   "--out", "o", "--concurrency", "4"]
+    r = CliRunner().invoke(eval_stage.main, [*common_args, "--decide-sampling", "sampled"], standalone_mode=False)
+    assert isinstance(r.exception, StageError) and "eval_decide_sampling, eval_temperature" in str(r.exception)
+    r = CliRunner().invoke(eval_stage.main, [*common_args, "--temperature", "1.0", "--window-offset", "8"], standalone_mode=False)
+    assert isinstance(r.exception, StageError) and "without --window-rows" in str(r.exception)
+    r = CliRunner().invoke(eval_stage.main, [*common_args, "--window-offset", "8", "--window-rows", "nowhere.jsonl"], standalone_mode=False)
+    assert isinstance(r.exception, StageError) and "nowhere.jsonl: no such file" in str(r.exception)
 
 
 def test_eval_window_cut_from_synth_rows(tiny, tmp_path):

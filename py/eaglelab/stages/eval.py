@@ -100,7 +100,7 @@ def verdict(speedup: float | None, stats: dict | None,
     return "PAYS", [f"speedup {speedup:.2f}x" if speedup is not None else "no baseline"]
 
 
-def decide_sampling(choice: str, temperature: float) -> str:
+def decoding_of(choice: str, temperature: float) -> str:
     """The decoding the verdict is decided on (pure): `auto` is how the model is served, sampled when the
     eval samples (temperature > 0), else greedy."""
     if choice == "auto":
@@ -303,7 +303,7 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
     if decide_at not in levels:
         raise StageError(f"--decide-at {decide_text!r}: not one of the sweep's concurrency levels {levels} "
                          "(profile vars eval_decide_at, eval_concurrency)")
-    decision = decide_sampling(decide_sampling, temperature)
+    decision = decoding_of(decide_sampling, temperature)
     window = None
     window_rows = Path(window_rows_text.strip()) if window_rows_text.strip() else None
     if window_offset and window_rows is None:
@@ -411,7 +411,7 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
     click.echo(f"eval summary: acceptance_rate={d['acceptance_rate']:.4f} "
                f"mean_acceptance_length={d['mean_acceptance_length']:.3f} speedup={speedup:.3f} verdict={v} "
                f"concurrency={decide_at} sampling={decision}" + (f" window_offset={window_offset}" if window else ""))
-    reasons = [f"decided at concurrency {decide_at} ({decision}; eval_decide_sampling {decide_sampling}; {window_words})",
+    reasons = [f"decided at concurrency {decide_at} ({decision}) on {window_words}, eval_decide_sampling {decide_sampling}",
                *reasons]
     if v in ("SLOWER", "LOW_ACCEPTANCE"):
         bar = "!" * 78
