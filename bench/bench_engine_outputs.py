@@ -91,7 +91,9 @@ def chi2(a: list[list[int]], b: list[list[int]], keep: list[int]) -> float:
 
 
 def two_sample(a: list[list[int]], b: list[list[int]], perms: int, seed: int = 0) -> dict:
-    """Token-frequency chi-square and mean-length difference, each with its permutation p-value."""
+    """Token-frequency chi-square and mean-length difference, each with its permutation p-value. a[i] and
+    b[i] answer the same prompt: a permutation swaps the two answers of a prompt (each with probability
+    1/2), so both samples keep the same prompts, as under the null hypothesis."""
     import random
     from collections import Counter
 
@@ -99,11 +101,12 @@ def two_sample(a: list[list[int]], b: list[list[int]], perms: int, seed: int = 0
     keep = sorted(t for t, n in pooled.items() if n >= 10)
     obs_chi = chi2(a, b, keep)
     obs_len = abs(sum(map(len, a)) / len(a) - sum(map(len, b)) / len(b))
-    rng, rows, n = random.Random(seed), a + b, len(a)
+    rng = random.Random(seed)
     ge_chi = ge_len = 0
     for _ in range(perms):
-        rng.shuffle(rows)
-        x, y = rows[:n], rows[n:]
+        swap = [rng.random() < 0.5 for _ in a]
+        x = [q if s else p for p, q, s in zip(a, b, swap)]
+        y = [p if s else q for p, q, s in zip(a, b, swap)]
         ge_chi += chi2(x, y, keep) >= obs_chi
         ge_len += abs(sum(map(len, x)) / len(x) - sum(map(len, y)) / len(y)) >= obs_len - 1e-12
     return {"chi2": obs_chi, "df": len(keep), "p_tokens": (ge_chi + 1) / (perms + 1),
@@ -117,6 +120,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=64, help="prompts per synth")
     ap.add_argument("--perm", type=int, default=2000, help="permutations per test")
     ap.add_argument("--out", default="bench-engine-outputs", help="a directory under the lab's data dir")
+    ap.add_argument("--reuse", action="store_true", help="compare the rows an earlier run wrote (no servers)")
     args = ap.parse_args()
     lab = Lab.load(None, args.profile)
     cfg = lab.cfg
@@ -131,7 +135,15 @@ def main() -> None:
     endpoint = f"http://127.0.0.1:{args.port}"
     base = set_opts(serve["command"], {"--port": str(args.port), "--host": "127.0.0.1"})
     got = {}
-    for name, argv in (("target", base), ("drafter", [*without(base, ("--mode",)), "--mode", "eval",
+    if args.reuse:
+        for name in ("target", "drafter"):
+            for sampling in ("greedy", "sampled"):
+                out = root / f"{name}-{sampling}"
+                man = json.loads((out / "manifest.json").read_text())
+                got[(name, sampling)] = {"rows": responses(out), "seconds": man["extra"]["seconds"],
+                                         "tokens": man["counts"]["completion_tokens"],
+                                         "spec": (man.get("extra") or {}).get("served_spec") or {}}
+    for name, argv in () if args.reuse else (("target", base), ("drafter", [*without(base, ("--mode",)), "--mode", "eval",
                                                        "--drafter", str(drafter)])):
         log = root / f"serve-{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -167,11 +179,18 @@ def main() -> None:
     same = sum(gt[k] == gd.get(k) for k in gt)
     print(f"greedy: {same}/{len(gt)} rows identical token for token with and without the drafter")
     st, sd = got[("target", "sampled")]["rows"], got[("drafter", "sampled")]["rows"]
-    t = two_sample(list(st.values()), list(sd.values()), args.perm)
+    ids = sorted(st)
+    t = two_sample([st[k] for k in ids], [sd.get(k, []) for k in ids], args.perm)
     print(f"sampled (T {temp}, top-p {top_p}, unseeded): token frequencies chi2 {t['chi2']:.1f} over {t['df']} "
-          f"tokens + rest, permutation p = {t['p_tokens']:.3f}; mean length {t['mean_len'][0]:.1f} vs "
+          f"tokens + rest, permutation p = {t['p_tokens']:.4f}; mean length {t['mean_len'][0]:.1f} vs "
           f"{t['mean_len'][1]:.1f} tokens, p = {t['p_length']:.3f} ({args.perm} permutations of "
-          f"{len(st)} + {len(sd)} rows)")
+          f"{len(st)} + {len(sd)} rows, the two answers of a prompt swapped)")
+    from collections import Counter
+
+    ct, cd = Counter(x for r in st.values() for x in r), Counter(x for r in sd.values() for x in r)
+    top = sorted(set(ct) | set(cd), key=lambda x: -abs(ct[x] - cd[x]))[:5]
+    print(f"sampled: {len(ct)} distinct tokens without the drafter, {len(cd)} with it; the largest differences "
+          "(token: without, with): " + ", ".join(f"{x}: {ct[x]}, {cd[x]}" for x in top))
     for s in ("greedy", "sampled"):
         a, b = got[("target", s)], got[("drafter", s)]
         print(f"synth {s}: {a['tokens'] / a['seconds']:.1f} tokens/s without the drafter, "
