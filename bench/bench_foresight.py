@@ -6,8 +6,8 @@ prints, from the registry and the train stage's acceptance.jsonl:
     pilot run's end: the first forecast `lab status` shows), to the first checkpoint estimate of the
     full train, to the last one, and to the final eval's end (the baseline: what you waited for
     without foresight), and the lead time they give;
-  - each checkpoint's offline acceptance rate / mean length beside the eval's served figures,
-    and the errors of the pilot's, the first and the last forecast.
+  - each checkpoint's offline acceptance (every start; the greedy chain, against the served greedy
+    figure; the sampled chain, against the served sampled one) and the pilot's last, with their errors.
 
     .venv/bin/python bench/bench_foresight.py [--conf DIR] [--profile demo]
 """
@@ -57,20 +57,45 @@ def main() -> None:
     print(f"pipeline start -> final eval end (baseline):      {end - start:7.1f} s")
     print(f"lead time of the first forecast: {end - docs[0]['at']:.1f} s "
           f"({100 * (docs[0]['at'] - start) / (end - start):.0f}% of the way in)")
+    if pilot:
+        print(f"pilot lead as a fraction of the run: {(end - at) / (end - start):.2f} ({end - at:.1f} s of "
+              f"{end - start:.1f} s)")
     print(f"estimate cost per checkpoint: {sum(d.get('seconds', 0) for d in docs) / len(docs):.1f} s "
           f"on {docs[0]['samples']} held-out rows, k={docs[0]['k']}")
-    print("checkpoint  offline rate  offline mean len")
+    ms = measured.get("sampled") or {}
+    print(f"eval (served): greedy rate {measured_greedy(measured):.1%}, mean length "
+          f"{measured['mean_acceptance_length']:.3f}, speedup {measured['speedup']:.2f}x, verdict {measured['verdict']}"
+          + (f"; sampled rate {ms['acceptance_rate']:.2%}" if ms.get("acceptance_rate") is not None else ""))
+    print("checkpoint  every start      greedy chain (error)          sampled chain (error)")
     for d in docs:
-        print(f"{d['epoch']:>10}  {d['acceptance_rate']:>12.1%}  {d['mean_acceptance_length']:>16.3f}")
-    print(f"eval (served): rate {measured['acceptance_rate']:.1%}, mean length {measured['mean_acceptance_length']:.3f}, "
-          f"speedup {measured['speedup']:.2f}x, verdict {measured['verdict']}")
+        print(f"{d['epoch']:>10}  {d['acceptance_rate']:>6.1%} {d['mean_acceptance_length']:.3f}  "
+              f"{errors(d.get('chain'), d.get('sampled'), measured)}")
     if pilot:
-        print(f"pilot forecast's error: rate {100 * (pe['acceptance_rate'] - measured['acceptance_rate']):+.1f} pts, "
-              f"mean length {pe['mean_acceptance_length'] - measured['mean_acceptance_length']:+.3f}")
+        print(f"pilot (its last)  {pe['all_starts']['acceptance_rate']:>6.1%}  "
+              f"{errors(pe.get('greedy'), pe.get('sampled'), measured)}")
     for label, d in (("first", docs[0]), ("last", docs[-1])):
-        print(f"{label} forecast's error: rate {100 * (d['acceptance_rate'] - measured['acceptance_rate']):+.1f} pts, "
+        print(f"{label} forecast's error (every start): rate "
+              f"{100 * (d['acceptance_rate'] - measured_greedy(measured)):+.1f} pts, "
               f"mean length {d['mean_acceptance_length'] - measured['mean_acceptance_length']:+.3f}")
 
+
+def measured_greedy(measured: dict) -> float:
+    """The served greedy rate: the eval's headline, or its greedy cell beside a sampled verdict."""
+    g = measured.get("greedy") if measured.get("decoding") == "sampled" else None
+    return (g or measured)["acceptance_rate"]
+
+
+def errors(chain: dict | None, sampled: dict | None, measured: dict) -> str:
+    """'rate / length (error vs served greedy)   rate (error vs served sampled)' for one estimate."""
+    out = ""
+    if chain:
+        out += (f"{chain['acceptance_rate']:>6.1%} / {chain['mean_acceptance_length']:.3f} "
+                f"({100 * (chain['acceptance_rate'] - measured_greedy(measured)):+5.1f} pts)")
+    ms = measured.get("sampled") or {}
+    if sampled and ms.get("acceptance_rate") is not None:
+        out += (f"    {sampled['acceptance_rate']:>7.2%} ({100 * (sampled['acceptance_rate'] - ms['acceptance_rate']):+5.2f}"
+                " pts)")
+    return out
 
 if __name__ == "__main__":
     main()

@@ -296,6 +296,10 @@ def sampled_words(sd: dict, offline: dict) -> str:
     return out
 
 
+def other_decoding(h: dict) -> str:
+    return "greedy" if h.get("decoding") == "sampled" else "sampled"
+
+
 def forecast_view(pipe: dict, now: float) -> dict:
     """pipeline.forecast in words: verdict, figures, where from and how old; past forecasts' errors."""
     fc = mapping(pipe.get("forecast"))
@@ -318,15 +322,20 @@ def forecast_view(pipe: dict, now: float) -> dict:
         "made": fmt_clock(made, now),
         "offline": pct(off.get("acceptance_rate")) if off else "",
         "sampled": sampled_words(mapping(fc.get("sampled")), mapping(off.get("sampled"))),
+        "decoding": str(fc.get("decoding") or "greedy"),  # the verdict's decoding (eval_decide_sampling)
+        "greedy": sampled_words(mapping(fc.get("greedy")), mapping(off.get("greedy")))
+        if fc.get("decoding") == "sampled" else "",
         "served": served_words(mapping(fc.get("served_checkpoint"))),
         "reasons": [str(r) for r in fc.get("reasons") or []] if isinstance(fc.get("reasons"), list) else [],
         "history": [{"train_run": h.get("train_run"), "forecast": pct(h.get("forecast_rate")),
                      "eval": pct(h.get("eval_rate")), "error": "" if num(h.get("error")) is None
                      else f"{100 * num(h.get('error')):+.1f} pts", "source": str(h.get("source") or ""),
-                     "sampled_forecast": pct(h.get("forecast_sampled_rate")),
-                     "sampled_eval": pct(h.get("eval_sampled_rate")),
-                     "sampled_error": "" if num(h.get("sampled_error")) is None
-                     else f"{100 * num(h.get('sampled_error')):+.1f} pts"}
+                     # the headline is the decoding the eval decided on; the other decoding's triple beside
+                     "decoding": str(h.get("decoding") or "greedy"), "other": other_decoding(h),
+                     "other_forecast": pct(h.get(f"forecast_{other_decoding(h)}_rate")),
+                     "other_eval": pct(h.get(f"eval_{other_decoding(h)}_rate")),
+                     "other_error": "" if num(h.get(f"{other_decoding(h)}_error")) is None
+                     else f"{100 * num(h.get(f'{other_decoding(h)}_error')):+.1f} pts"}
                     for h in hist],
     }
 

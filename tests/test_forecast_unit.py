@@ -111,3 +111,46 @@ def test_a_host_that_does_not_answer_leaves_the_offline_forecast_standing(tmp_pa
     ev = {"id": "eval-1", "stage": "eval", "state": "completed", "started_at": "2026-12-04T09:00:00+00:00"}
     fc = forecast.make(lab, {"runs": [train_run(), ev]}, 0.0)
     assert fc["source"] == "checkpoint" and fc["acceptance_rate"] == 0.25
+
+
+SAMPLED_EVAL_DOC = {"stage": "eval", "extra": {
+    "acceptance_rate": 0.14, "mean_acceptance_length": 1.42, "speedup": 0.8, "verdict": "SLOWER",
+    "decided_at": "concurrency 4, sampled", "decoding": "sampled", "window": "tokens 1024-1536 of each response",
+    "greedy": {"acceptance_rate": 0.24, "mean_acceptance_length": 1.72, "speedup": 1.1, "verdict": "LOW_ACCEPTANCE"},
+    "sampled": {"acceptance_rate": 0.14, "mean_acceptance_length": 1.42, "concurrency": 4, "temperature": 1.0,
+                "top_p": 0.95}}}
+
+
+def test_a_model_served_sampled_is_forecast_and_judged_sampled_with_greedy_beside(tmp_path):
+    """#28 item 5: eval_decide_sampling auto with eval_temperature > 0 (kimi-k2.5): the headline forecast is
+    the sampled one, compared with the served sampled cell, in the forecast, the history, `lab summary` and
+    `lab status`'s line; greedy beside each. greedy (the demo) keeps the greedy headline."""
+    lab, _ = stub_lab(tmp_path, {"data/eval": SAMPLED_EVAL_DOC})
+    lab.cfg.pipeline = SimpleNamespace(vars={"eval_decide_sampling": "auto", "eval_temperature": "1.0"})
+    fc = forecast.make(lab, {"runs": [train_run()]}, 0.0)
+    assert (fc["decoding"], fc["acceptance_rate"], fc["mean_acceptance_length"]) == ("sampled", 0.12, 1.36)
+    assert fc["greedy"] == {"acceptance_rate": 0.25, "mean_acceptance_length": 1.75}  # the chain, beside
+    assert fc["verdict"] == "LOW_ACCEPTANCE"  # judged on 12%, not on greedy's 25%
+    line = forecast.describe(fc)
+    assert "acceptance 12.0%, mean length 1.36 (sampled; from checkpoint" in line
+    assert "greedy: acceptance 25.0%, mean length 1.75" in line
+    ev = {"id": "eval-1", "stage": "eval", "state": "completed", "started_at": "2026-12-04T09:00:00+00:00"}
+    fe = forecast.make(lab, {"runs": [train_run(), ev]}, 0.0)
+    assert (fe["decoding"], fe["acceptance_rate"], fe["greedy"]["acceptance_rate"]) == ("sampled", 0.14, 0.24)
+    assert fe["window"] == "tokens 1024-1536 of each response"
+    vs = _versus(fe)
+    assert vs["decoding"] == "sampled" and (vs["forecast_rate"], vs["measured_rate"]) == (0.12, 0.14)
+    assert vs["greedy_error"] == pytest.approx(0.01) and vs["error"] == pytest.approx(-0.02)
+    store = forecast.remember(tmp_path / forecast.STORE, fc, 1.0)
+    store = forecast.remember(tmp_path / forecast.STORE, fe, 2.0)
+    [h] = forecast.comparisons(store)
+    assert h["decoding"] == "sampled" and (h["forecast_rate"], h["eval_rate"]) == (0.12, 0.14)
+    assert h["error"] == pytest.approx(-0.02) and h["greedy_error"] == pytest.approx(0.01)
+    assert (h["forecast_greedy_rate"], h["eval_greedy_rate"]) == (0.25, 0.24)
+    # the demo's setting: decided greedy although its eval samples too
+    lab.cfg.pipeline.vars["eval_decide_sampling"] = "greedy"
+    g = forecast.make(lab, {"runs": [train_run()]}, 0.0)
+    assert (g["decoding"], g["acceptance_rate"]) == ("greedy", 0.25)
+    lab.cfg.pipeline.vars["eval_decide_sampling"] = "sometimes"
+    with pytest.raises(ValueError, match="eval_decide_sampling 'sometimes'.*auto, greedy or sampled"):
+        forecast.make(lab, {"runs": [train_run()]}, 0.0)

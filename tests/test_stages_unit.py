@@ -385,6 +385,7 @@ def test_eval_sweep_cells_spread_and_verdicts():
     plan = eval_stage.sweep_plan([1, 4], 1.0, 0.95)
     assert [(n, c) for n, c, _ in plan][2:] == [("sampled", 1), ("sampled", 4)]
     assert plan[2][2] == {"temperature": 1.0, "top_p": 0.95}
+    assert eval_stage.sweep_plan([4], 1.0, 0.95, seed=7)[1][2] == {"temperature": 1.0, "top_p": 0.95, "seed": 7}
 
     base = eval_stage.aggregate([bench_cell(100.0, 10.0), bench_cell(110.0, 9.0)])
     assert base["tokens_per_s"] == {"mean": 105.0, "min": 100.0, "max": 110.0, "n": 2} and "drafts" not in base
@@ -426,7 +427,10 @@ def test_eval_bench_argv_and_figures(tiny, tmp_path):
     args = parser.parse_args(argv)  # vLLM's own parser accepts every flag we give it
     assert (args.max_concurrency, args.num_prompts, args.temperature, args.top_p) == (4, 8, 1.0, 0.9)
     assert args.ignore_eos and args.backend == "openai" and args.endpoint == "/v1/completions"
-    assert args.trust_remote_code and args.dataset_name == "custom"
+    assert args.trust_remote_code and args.dataset_name == "custom" and not args.extra_body
+    seeded = parser.parse_args(eval_bench.bench_argv("http://127.0.0.1:1", "m", tmp_path / "d.jsonl", 8, 4, 32,
+                                                     {"temperature": 1.0, "seed": 3}))
+    assert seeded.extra_body == {"seed": 3}  # each sampled request carries the seed: the cell repeats
     rows = [json.loads(x) for x in (tiny / "eval.jsonl").read_text().splitlines()]
     eval_bench.render_prompts(rows, str(tiny / "model"), 32, tmp_path / "d.jsonl", trust_remote_code=False)
     out = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
@@ -668,3 +672,67 @@ def test_synth_reuses_the_heads_conversations_only_when_made_the_same_way(tmp_pa
     other = synth.reuse_rows(head, out, {**params, "sampling": {"temperature": 0.0}}, ours)
     assert "made with other settings (sampling); nothing reused" in other and len(out.read_text().splitlines()) == 3
     assert "no finished synth output" in synth.reuse_rows(tmp_path / "nowhere", out, params, ours)
+
+
+def test_eval_decides_on_the_served_decoding_with_the_other_beside():
+    """#28 item 5: the verdict's cell is the decoding the model is served with (auto: sampled when the eval
+    samples), the other decoding's figures beside it; asking for a sampled verdict without a sampled sweep
+    is refused naming the vars."""
+    assert eval_stage.decoding_of("auto", 1.0) == "sampled" and eval_stage.decoding_of("auto", 0.0) == "greedy"
+    assert eval_stage.decoding_of("greedy", 1.0) == "greedy"  # the demo: decided greedy although it samples too
+    with pytest.raises(StageError, match="eval_decide_sampling, eval_temperature"):
+        eval_stage.decoding_of("sampled", 0.0)
+    base = eval_stage.aggregate([bench_cell(100.0, 10.0), bench_cell(100.0, 10.0)])
+    greedy = eval_stage.aggregate([bench_cell(150.0, 6.0, 10, 15, (0.8, 0.5, 0.2)), bench_cell(150.0, 6.0, 10, 15, (0.8, 0.5, 0.2))])
+    sampled = eval_stage.aggregate([bench_cell(90.0, 6.0, 10, 3, (0.1, 0.0, 0.0)), bench_cell(90.0, 6.0, 10, 3, (0.1, 0.0, 0.0))])
+    sweep = [{"sampling": s, "concurrency": 4, "baseline": base, "spec": c, "comparison": eval_stage.compare(base, c, s)}
+             for s, c in (("greedy", greedy), ("sampled", sampled))]
+    g, s = eval_stage.cell_at(sweep, "greedy", 4), eval_stage.cell_at(sweep, "sampled", 4)
+    assert g == {"acceptance_rate": pytest.approx(0.5), "mean_acceptance_length": pytest.approx(2.5),
+                 "speedup": pytest.approx(1.5), "verdict": "PAYS"}
+    assert s["acceptance_rate"] == pytest.approx(0.1) and s["speedup"] == pytest.approx(0.9)
+    assert s["verdict"] == "SLOWER"  # what a kimi-like model served sampled would be told, greedy's PAYS beside
+    assert eval_stage.cell_at(sweep, "sampled", 1) is None
+    # through the command itself: refused before any server is asked, naming the vars
+    from click.testing import CliRunner
+
+    common_args = ["--mode", "spec", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--prompts", "p.jsonl",
+                   "--out", "o", "--concurrency", "4"]
+    r = CliRunner().invoke(eval_stage.main, [*common_args, "--decide-sampling", "sampled"], standalone_mode=False)
+    assert isinstance(r.exception, StageError) and "eval_decide_sampling, eval_temperature" in str(r.exception)
+    r = CliRunner().invoke(eval_stage.main, [*common_args, "--temperature", "1.0", "--window-offset", "8"], standalone_mode=False)
+    assert isinstance(r.exception, StageError) and "without --window-rows" in str(r.exception)
+    r = CliRunner().invoke(eval_stage.main, [*common_args, "--window-offset", "8", "--window-rows", "nowhere.jsonl"], standalone_mode=False)
+    assert isinstance(r.exception, StageError) and "nowhere.jsonl: no such file" in str(r.exception)
+
+
+def test_eval_window_cut_from_synth_rows(tiny, tmp_path):
+    """#28 item 5: the window's prompts are the conversation plus the response's first N tokens (a continued
+    assistant turn), from the last rows whose response is longer than N; too short rows are counted."""
+    rows = [{"input_ids": [1, 10, 11, 20, 21, 22, 23], "loss_mask": [0, 0, 0, 1, 1, 1, 1]},   # response of 4
+            {"input_ids": [1, 12, 30, 31], "loss_mask": [0, 0, 1, 1]},                         # of 2: too short
+            {"input_ids": [1, 13, 14, 15, 40, 41, 42, 43, 44], "loss_mask": [0, 0, 0, 0, 1, 1, 1, 1, 1]}]
+    cuts, short = eval_bench.window_prompts(rows, 3, None, "r.jsonl")
+    assert cuts == [[1, 10, 11, 20, 21, 22], [1, 13, 14, 15, 40, 41, 42]] and short == 1
+    assert eval_bench.window_prompts(rows, 3, 1, "r.jsonl")[0] == [[1, 13, 14, 15, 40, 41, 42]]  # the last rows
+    with pytest.raises(StageError, match="no row has a response longer than --window-offset 9"):
+        eval_bench.window_prompts(rows, 9, None, "r.jsonl")
+    with pytest.raises(StageError, match="r.jsonl: row 1 has no input_ids/loss_mask"):
+        eval_bench.window_prompts([{"messages": []}], 3, None, "r.jsonl")
+    with pytest.raises(StageError, match="eval_window_offset"):
+        eval_bench.window_prompts(rows, 0, None, "r.jsonl")
+    # on the tiny model: the chat-templated conversation, then the response's opening, continued
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny / "model"))
+    text = tok.apply_chat_template([{"role": "user", "content": "say something"}], add_generation_prompt=True,
+                                   tokenize=False)
+    conv = tok(text, add_special_tokens=False).input_ids
+    answer = tok("alpha beta gamma delta epsilon", add_special_tokens=False).input_ids
+    row = {"input_ids": conv + answer, "loss_mask": [0] * len(conv) + [1] * len(answer)}
+    cut, _ = eval_bench.window_prompts([row], 2, None, "r.jsonl")
+    eval_bench.render_window(cut, str(tiny / "model"), 16, tmp_path / "w.jsonl", trust_remote_code=False)
+    (line,) = [json.loads(x) for x in (tmp_path / "w.jsonl").read_text().splitlines()]
+    assert line["output_tokens"] == 16 and "say something" in line["prompt"]
+    assert line["prompt"].endswith(tok.decode(answer[:2])) and not line["prompt"].endswith(tok.decode(answer[:3]))
+    assert line["prompt"].count(tok.bos_token) <= 1

@@ -491,7 +491,11 @@ def test_overview_shows_the_forecast_its_source_age_and_past_errors():
                               "run": "smoke-serve_eval-20270115T081500-eeee"}},
         "forecast_history": [{"train_run": "train-20270114T080000-dddd", "forecast_rate": 0.16, "eval_rate": 0.187,
                               "error": -0.027, "source": "checkpoint", "forecast_sampled_rate": 0.11,
-                              "eval_sampled_rate": 0.125, "sampled_error": -0.015}]}
+                              "eval_sampled_rate": 0.125, "sampled_error": -0.015},
+                             # served sampled (kimi-k2.5): the sampled triple leads, greedy's beside (#28 item 5)
+                             {"train_run": "train-20270113T080000-ffff", "decoding": "sampled", "forecast_rate": 0.09,
+                              "eval_rate": 0.08, "error": 0.01, "source": "pilot", "forecast_greedy_rate": 0.2,
+                              "eval_greedy_rate": 0.17, "greedy_error": 0.03}]}
     html = text(sample_app(status).test_client().get("/"))
     box = re.search(r'<section class="forecast.*?</section>', html, re.S).group(0)
     assert 'id="forecast-verdict">LOW_ACCEPTANCE<' in box and 'id="f-acceptance">15.6%<' in box
@@ -501,7 +505,11 @@ def test_overview_shows_the_forecast_its_source_age_and_past_errors():
     assert served.startswith("18.3%, mean length 1.55") and "smoke-serve_eval-20270115T081500-eeee" in served
     assert "train-20270114T080000-dddd" in box and "-2.7 pts" in box
     assert 'id="f-sampled">12.1%, mean length 1.36<' in box  # the sampled forecast beside the greedy one
-    assert "<td>11.0%</td><td>12.5%</td><td>-1.5 pts</td>" in box  # and its error against the served sampled
+    assert "<td>greedy</td><td>16.0% (checkpoint)</td><td>18.7%</td><td>-2.7 pts</td>" in box
+    assert "<td>11.0% (sampled)</td><td>12.5%</td><td>-1.5 pts</td>" in box  # and its error against the served sampled
+    assert ("<td>sampled</td><td>9.0% (pilot)</td><td>8.0%</td><td>+1.0 pts</td><td>20.0% (greedy)</td>"
+            "<td>17.0%</td><td>+3.0 pts</td>") in box
+    assert 'id="f-decoding">greedy<' in box
     # without evidence there is no forecast box at all
     assert 'class="forecast' not in text(sample_app(web_samples.lab_status()).test_client().get("/"))
 

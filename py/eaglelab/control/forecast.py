@@ -9,6 +9,9 @@ An offline forecast's headline is vLLM's greedy restart chain (`acceptance/chain
 estimate made one (else the every-start average, kept as `all_starts`); `sampled` is the expected
 acceptance of speculative sampling at the eval's temperature (`acceptance/sampled_rate`). The eval's
 `sampled` is its served sampled cell, so each forecast stands beside the figure it forecasts.
+The headline is the decoding the model is served with (`decoding`: eval_decide_sampling, auto = sampled
+when eval_temperature > 0; the eval's own decision once it ran), the other decoding's figure beside it
+(`greedy`, `sampled`): for kimi-k2.5 the sampled forecast against the served sampled cell.
 An eval counts only when it ran after the current train run started (else it measured an older drafter).
 Beside the ranking: `served_checkpoint`, the serving smoke's figures (smoke-serve_eval, a checkpoint
 served by vLLM while training ran: its `served/acceptance_rate=...` line), from a completed smoke run
@@ -31,6 +34,10 @@ from eaglelab.side_jobs import SMOKE_PREFIX
 RATE, LENGTH = "acceptance/rate", "acceptance/mean_length"
 CHAIN_RATE, CHAIN_LENGTH = "acceptance/chain_rate", "acceptance/chain_mean_length"
 SAMPLED_RATE, SAMPLED_LENGTH = "acceptance/sampled_rate", "acceptance/sampled_mean_length"
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 SERVED_RATE, SERVED_LENGTH, SERVED_EPOCH = "served/acceptance_rate", "served/mean_acceptance_length", "served/epoch"
 STORE = "forecast.json"
 HISTORY_KEEP = 20
@@ -67,6 +74,52 @@ def _last_pair(metrics: dict, rate_key: str, length_key: str) -> dict | None:
         return None
 
 
+DECODINGS = ("greedy", "sampled")
+
+
+def served_decoding(lab) -> str:
+    """How the model is served, so what the headline forecast is: the pipeline's eval_decide_sampling
+    (auto: sampled when eval_temperature > 0, as the eval stage decides)."""
+    pipeline = getattr(lab.cfg, "pipeline", None)
+    v = dict(getattr(pipeline, "vars", None) or {})
+    choice = str(v.get("eval_decide_sampling") or "auto").strip()
+    if choice in DECODINGS:
+        return choice
+    if choice != "auto":
+        raise ValueError(f"eval_decide_sampling {choice!r} (conf/pipeline.yaml or the profile's vars): "
+                         "expected auto, greedy or sampled")
+    try:
+        return "sampled" if float(str(v.get("eval_temperature") or "0")) > 0 else "greedy"
+    except ValueError:
+        return "greedy"
+
+
+def decoded(d: dict | None, decoding: str) -> dict | None:
+    """{acceptance_rate, mean_acceptance_length} of one decoding from a forecast or eval figure: its
+    headline when that is the decoding (no `decoding`: greedy, as before), else its `greedy`/`sampled`."""
+    if not isinstance(d, dict):
+        return None
+    if (d.get("decoding") or "greedy") == decoding and _num(d.get("acceptance_rate")) is not None:
+        return {"acceptance_rate": _num(d["acceptance_rate"]),
+                "mean_acceptance_length": _num(d.get("mean_acceptance_length"))}
+    x = d.get(decoding)
+    if isinstance(x, dict) and _num(x.get("acceptance_rate")) is not None:
+        return {"acceptance_rate": _num(x["acceptance_rate"]),
+                "mean_acceptance_length": _num(x.get("mean_acceptance_length"))}
+    return None
+
+
+def as_served(ev: dict, decoding: str) -> dict:
+    """An offline forecast with the served decoding's figure as its headline, the greedy one beside; as
+    it was (greedy) when the estimate made no sampled figure."""
+    ev = {**ev, "decoding": "greedy"}
+    if decoding == "sampled":
+        greedy, sd = decoded(ev, "greedy"), decoded(ev, "sampled")
+        if sd is not None and sd["mean_acceptance_length"] is not None:
+            ev.update(sd, decoding="sampled", greedy=greedy)  # greedy: the chain (or every start) beside
+    return ev
+
+
 def offline_evidence(run: dict) -> dict | None:
     """The last offline estimate in a run's log state, and how many there were; None without any.
     Headline: the greedy chain (as vLLM drafts) when the estimate made one, else the every-start average."""
@@ -83,10 +136,6 @@ def offline_evidence(run: dict) -> dict | None:
             "sampled": _last_pair(metrics, SAMPLED_RATE, SAMPLED_LENGTH),
             "checkpoints": len(metrics[RATE]), "curve": [[p[0], p[1]] for p in curve], "run": run.get("id"),
             "stage": run.get("stage")}
-
-
-def _num(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def served_sampled(extra: dict) -> dict | None:
@@ -122,7 +171,7 @@ def eval_evidence(lab, stage_name: str, run_id: str | None = None) -> dict | Non
     memo_path = lab.cfg.logs_dir / STORE
     if run_id:
         memo = ((read_json(memo_path) or {}).get("evals") or {}).get(run_id)
-        if isinstance(memo, dict) and "sampled" in memo:  # (a memo from before sampled figures: read again)
+        if isinstance(memo, dict) and "decoding" in memo:  # (a memo from before decodings: read again)
             return memo
     stage = lab.cfg.stage(stage_name)
     spec = lab.launch_spec(stage)
@@ -143,7 +192,12 @@ def eval_evidence(lab, stage_name: str, run_id: str | None = None) -> dict | Non
             found = {"acceptance_rate": float(extra["acceptance_rate"]),
                      "mean_acceptance_length": float(extra.get("mean_acceptance_length") or 1.0),
                      "speedup": extra.get("speedup"), "verdict": extra.get("verdict"),
+                     # the decoding the eval decided on (an eval from before: greedy), the other beside
+                     "decoding": extra.get("decoding") if extra.get("decoding") in DECODINGS else "greedy",
+                     "greedy": decoded(extra.get("greedy"), "greedy"), "window": extra.get("window"),
                      "sampled": served_sampled(extra)}
+            if found["decoding"] == "greedy":
+                found["greedy"] = decoded(found, "greedy")
             break
     if found is not None and run_id:
         store = read_json(memo_path) or {}
@@ -174,13 +228,15 @@ def make(lab, status: dict, now: float) -> dict | None:
     stages = lab.cfg.stages
     train_names = [n for n in stages if n == "train" or (n.startswith("train") and not n.startswith("pilot"))]
     train = _latest(runs, lambda r: r.get("stage") in train_names)
+    decoding = served_decoding(lab)
     best = None
     pilot = _latest(runs, lambda r: str(r.get("stage", "")).startswith("pilot") and offline_evidence(r))
     pilot_ev = offline_evidence(pilot) if pilot is not None else None
+    pilot_ev = as_served(pilot_ev, decoding) if pilot_ev is not None else None
     if pilot_ev is not None:
         best = {"source": "pilot", **pilot_ev}
     if train is not None and offline_evidence(train):
-        best = {"source": "checkpoint", **offline_evidence(train)}
+        best = {"source": "checkpoint", **as_served(offline_evidence(train), decoding)}
     for name in [n for n in stages if n == "eval"]:
         ev_run = _latest(_stage_of(runs, name), lambda r: r.get("state") == RunState.COMPLETED)
         started = ts((train or {}).get("started_at")) or 0.0
@@ -191,11 +247,14 @@ def make(lab, status: dict, now: float) -> dict | None:
             offline = best if best and best["source"] != "eval" else None
             best = {"source": "eval", **ev, "run": ev_run.get("id"), "stage": name,
                     "offline": {k: offline.get(k) for k in ("acceptance_rate", "mean_acceptance_length", "source",
-                                                             "sampled", "all_starts")}
+                                                             "sampled", "all_starts", "greedy", "decoding")}
                     if offline else None,
                     # the pilot's own forecast too, when the checkpoints' replaced it: both are compared
-                    "pilot": {k: pilot_ev[k] for k in ("acceptance_rate", "mean_acceptance_length", "sampled")
-                              if k != "sampled" or pilot_ev.get(k)}
+                    "pilot": {k: pilot_ev[k] for k in ("acceptance_rate", "mean_acceptance_length", "sampled",
+                                                       "greedy", "decoding")
+                              if k in ("acceptance_rate", "mean_acceptance_length")
+                              or (k == "sampled" and pilot_ev.get(k))
+                              or pilot_ev.get("decoding") == "sampled"}
                     if pilot_ev is not None and (offline or {}).get("source") != "pilot" else None}
     if best is None:
         return None
@@ -234,7 +293,7 @@ def remember(path: Path, forecast: dict | None, now: float) -> dict:
             entry = store["pipelines"].setdefault(tr, {"train_run": tr})
             if forecast["source"] in ("pilot", "checkpoint"):
                 fc = {k: forecast.get(k) for k in ("acceptance_rate", "mean_acceptance_length", "source", "made_at",
-                                                   "sampled")}
+                                                   "sampled", "greedy", "decoding")}
                 if entry.get("forecast") != fc:
                     entry["forecast"], changed = fc, True
             elif forecast["source"] == "eval" and entry.get("eval") is None:
@@ -247,7 +306,7 @@ def remember(path: Path, forecast: dict | None, now: float) -> dict:
                             != (off.get("acceptance_rate"), off.get("source"))):
                     entry["forecast"] = {**off, "made_at": None}  # made_at: None = not seen while it trained
                 entry["eval"] = {k: forecast.get(k) for k in ("acceptance_rate", "mean_acceptance_length", "speedup",
-                                                              "verdict", "sampled")}
+                                                              "verdict", "sampled", "greedy", "decoding")}
                 entry["eval"]["at"] = forecast["made_at"]
                 changed = True
             entry.setdefault("first_seen", utcnow_iso(now))
@@ -263,22 +322,30 @@ def remember(path: Path, forecast: dict | None, now: float) -> dict:
 
 
 def comparisons(store: dict) -> list[dict]:
-    """Earlier pipelines with both a forecast and an eval: the forecast's error, newest first."""
+    """Earlier pipelines with both a forecast and an eval: the forecast's error, newest first. The headline
+    (`forecast_rate`, `eval_rate`, `error`) is in the decoding the eval decided on (`decoding`); both
+    decodings' triples beside it (`forecast_greedy_rate`, ..., `sampled_error`; None where either side
+    lacks one)."""
     out = []
     for e in store.get("pipelines", {}).values():
         f, ev = e.get("forecast"), e.get("eval")
         if not f or not ev:
             continue
-        fs, es = f.get("sampled") or {}, ev.get("sampled") or {}
-        both = _num(fs.get("acceptance_rate")) is not None and _num(es.get("acceptance_rate")) is not None
-        out.append({"train_run": e["train_run"], "forecast_rate": f["acceptance_rate"], "eval_rate": ev["acceptance_rate"],
-                    "error": f["acceptance_rate"] - ev["acceptance_rate"],
-                    "forecast_length": f["mean_acceptance_length"], "eval_length": ev["mean_acceptance_length"],
-                    "forecast_at": f.get("made_at"), "eval_at": ev.get("at"), "source": f.get("source"),
-                    # the sampled forecast beside the served sampled cell (None where either is missing)
-                    "forecast_sampled_rate": fs.get("acceptance_rate") if both else None,
-                    "eval_sampled_rate": es.get("acceptance_rate") if both else None,
-                    "sampled_error": fs["acceptance_rate"] - es["acceptance_rate"] if both else None})
+        decoding = ev.get("decoding") if ev.get("decoding") in DECODINGS else "greedy"
+        row = {"train_run": e["train_run"], "decoding": decoding, "forecast_at": f.get("made_at"),
+               "eval_at": ev.get("at"), "source": f.get("source")}
+        for name in DECODINGS:
+            fd, ed = decoded(f, name), decoded(ev, name)
+            both = fd is not None and ed is not None
+            row.update({f"forecast_{name}_rate": fd["acceptance_rate"] if both else None,
+                        f"eval_{name}_rate": ed["acceptance_rate"] if both else None,
+                        f"{name}_error": fd["acceptance_rate"] - ed["acceptance_rate"] if both else None,
+                        f"forecast_{name}_length": fd["mean_acceptance_length"] if both else None,
+                        f"eval_{name}_length": ed["mean_acceptance_length"] if both else None})
+        row.update({"forecast_rate": row[f"forecast_{decoding}_rate"], "eval_rate": row[f"eval_{decoding}_rate"],
+                    "error": row[f"{decoding}_error"], "forecast_length": row[f"forecast_{decoding}_length"],
+                    "eval_length": row[f"eval_{decoding}_length"]})
+        out.append(row)
     return sorted(out, key=lambda c: c.get("eval_at") or "", reverse=True)
 
 
@@ -307,9 +374,11 @@ def describe(fc: dict | None) -> str:
     sv = fc.get("served_checkpoint") or {}
     served = (f"; served checkpoint {sv.get('epoch')}: acceptance {sv['acceptance_rate']:.1%}, mean length "
               f"{sv['mean_acceptance_length']:.2f}") if isinstance(sv.get("acceptance_rate"), (int, float)) else ""
-    sd = fc.get("sampled") or {}
-    sampled = (f"; sampled: acceptance {sd['acceptance_rate']:.1%}"
-               + (f", mean length {sd['mean_acceptance_length']:.2f}" if _num(sd.get("mean_acceptance_length")) else "")
-               ) if _num(sd.get("acceptance_rate")) is not None else ""
+    decoding = fc.get("decoding") if fc.get("decoding") in DECODINGS else "greedy"
+    other = "greedy" if decoding == "sampled" else "sampled"
+    sd = decoded(fc, other) or {}
+    beside = (f"; {other}: acceptance {sd['acceptance_rate']:.1%}"
+              + (f", mean length {sd['mean_acceptance_length']:.2f}" if _num(sd.get("mean_acceptance_length")) else "")
+              ) if _num(sd.get("acceptance_rate")) is not None else ""
     return (f"{fc['verdict']}: acceptance {fc['acceptance_rate']:.1%}, mean length {fc['mean_acceptance_length']:.2f}"
-            f"{sp} (from {fc['source']}{age}){sampled}{served}")
+            f"{sp} ({decoding}; from {fc['source']}{age}){beside}{served}")

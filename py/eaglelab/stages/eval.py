@@ -14,10 +14,17 @@ the GPUs, so the pipeline runs them one after the other):
 The sweep: every concurrency of --concurrency ("1 4 16 64"), greedy and (when --temperature > 0)
 sampled, each cell --repeats times, measured by vLLM's serving benchmark (eval_bench.py): output
 tokens/s, time per output token, inter-token latency, mean [min-max] over the repeats. Requests use
-ignore_eos, so both servers generate the same number of tokens per prompt. The verdict is decided
-on the greedy cell at --decide-at (default: the largest concurrency, the load a server is sized
-for) and says so; each cell has its own verdict in the table. Greedy outputs are compared with the
-baseline's, reasoning included.
+ignore_eos, so both servers generate the same number of tokens per prompt; sampled requests carry
+--seed, so a sampled cell repeats. The verdict is decided at --decide-at (default: the largest
+concurrency, the load a server is sized for) on the decoding the model is served with
+(--decide-sampling auto: the sampled cell when --temperature > 0, else the greedy one), the other
+decoding's cell beside it; each cell has its own verdict in the table. Greedy outputs are compared
+with the baseline's, reasoning included.
+
+What is measured: the first --max-tokens of each answer to the eval prompts, or, with --window-rows
+and --window-offset N, the --max-tokens after the first N tokens of synth's responses (the prompt is
+the conversation plus those N tokens as a continued assistant turn): for a thinking model, a window
+past the reasoning's opening instead of the opening of <think>. The window is stated in the verdict.
 
     python -m eaglelab.stages.eval --mode spec --endpoint http://127.0.0.1:8102 --model data/demo/model \
         --prompts data/demo/eval_prompts.jsonl --baseline data/demo/eval/baseline.json --out data/demo/eval
@@ -93,6 +100,28 @@ def verdict(speedup: float | None, stats: dict | None,
     return "PAYS", [f"speedup {speedup:.2f}x" if speedup is not None else "no baseline"]
 
 
+def decoding_of(choice: str, temperature: float) -> str:
+    """The decoding the verdict is decided on (pure): `auto` is how the model is served, sampled when the
+    eval samples (temperature > 0), else greedy."""
+    if choice == "auto":
+        return "sampled" if temperature > 0 else "greedy"
+    if choice == "sampled" and temperature <= 0:
+        raise StageError("--decide-sampling sampled with --temperature 0: there is no sampled sweep to decide on "
+                         "(profile vars eval_decide_sampling, eval_temperature)")
+    return choice
+
+
+def cell_at(sweep: list[dict], sampling: str, decide_at: int) -> dict | None:
+    """The figures of one served cell, {acceptance_rate, mean_acceptance_length, speedup, verdict}; None
+    without it (pure)."""
+    row = next((r for r in sweep if r["sampling"] == sampling and r["concurrency"] == decide_at), None)
+    if row is None or "acceptance_rate" not in row["spec"]:
+        return None
+    return {"acceptance_rate": row["spec"]["acceptance_rate"],
+            "mean_acceptance_length": row["spec"]["mean_acceptance_length"],
+            "speedup": row["comparison"]["speedup"], "verdict": row["comparison"]["verdict"]}
+
+
 def sampled_at(sweep: list[dict], decide_at: int, settings: dict) -> dict | None:
     """The served sampled figures beside the greedy verdict: the sampled cell at the same concurrency,
     with its sampling parameters (what the sampled forecast is compared with); None without one (pure)."""
@@ -114,11 +143,14 @@ def parse_concurrency(text: str) -> list[int]:
     return sorted(set(levels))
 
 
-def sweep_plan(levels: list[int], temperature: float, top_p: float) -> list[tuple[str, int, dict]]:
-    """(sampling name, concurrency, sampling params) per cell, greedy first (pure)."""
+def sweep_plan(levels: list[int], temperature: float, top_p: float,
+               seed: int | None = None) -> list[tuple[str, int, dict]]:
+    """(sampling name, concurrency, sampling params) per cell, greedy first (pure). `seed`: sent with
+    every sampled request (vLLM seeds each request's sampler with it), so a sampled cell repeats."""
     modes = [("greedy", {"temperature": 0.0})]
     if temperature > 0:
-        modes.append(("sampled", {"temperature": temperature, "top_p": top_p}))
+        modes.append(("sampled", {"temperature": temperature, "top_p": top_p,
+                                  **({"seed": seed} if seed is not None else {})}))
     return [(name, c, params) for name, params in modes for c in levels]
 
 
@@ -239,6 +271,17 @@ def check_served(endpoint: str, model: str) -> None:
 @click.option("--repeats", default=2, show_default=True, help="runs per cell (the spread)")
 @click.option("--temperature", default=0.0, show_default=True, help="> 0: also a sampled sweep at this temperature")
 @click.option("--top-p", default=1.0, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="the seed of every sampled request (-1: unseeded), so the sampled cells repeat (profile var eval_seed)")
+@click.option("--decide-sampling", type=click.Choice(["auto", "greedy", "sampled"]), default="auto",
+              show_default=True, help="the cell the verdict is decided on: as served (auto: sampled when "
+              "--temperature > 0), greedy or sampled; the other beside it (profile var eval_decide_sampling)")
+@click.option("--window-rows", "window_rows_text", default="",
+              help="synth rows (responses.jsonl): prompts are their conversations plus the response's first "
+                   "--window-offset tokens, continued (profile var eval_window_rows)")
+@click.option("--window-offset", default=0, show_default=True, type=click.IntRange(min=0),
+              help=">0 with --window-rows: measure the --max-tokens after this many response tokens, e.g. past "
+                   "a reasoning model's opening (profile var eval_window_offset; 0: the eval prompts' openings)")
 @click.option("--decide-at", "decide_text", default="", help="the concurrency the verdict is decided at (default/empty: the largest)")
 @click.option("--limit", type=int, default=None)
 @click.option("--rounds", default=0, show_default=True, type=click.IntRange(min=0),
@@ -248,7 +291,8 @@ def check_served(endpoint: str, model: str) -> None:
 @click.option("--fail-if-slower", is_flag=True, help="exit non-zero when the drafter makes serving slower")
 def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, baseline_file: Path | None,
          drafter: Path | None, max_tokens: int, concurrency_text: str, repeats: int, temperature: float,
-         top_p: float, decide_text: str, limit: int | None, rounds: int, trust_remote_code: bool,
+         top_p: float, seed: int, decide_sampling: str, window_rows_text: str, window_offset: int,
+         decide_text: str, limit: int | None, rounds: int, trust_remote_code: bool,
          fail_if_slower: bool) -> None:
     """Measure serving with and without the drafter over a concurrency sweep; report and verdict."""
     endpoint = endpoint.rstrip("/")
@@ -259,13 +303,30 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
     if decide_at not in levels:
         raise StageError(f"--decide-at {decide_text!r}: not one of the sweep's concurrency levels {levels} "
                          "(profile vars eval_decide_at, eval_concurrency)")
-    rows = load_prompts(prompts, limit)
+    decision = decoding_of(decide_sampling, temperature)
+    window = None
+    window_rows = Path(window_rows_text.strip()) if window_rows_text.strip() else None
+    if window_offset and window_rows is None:
+        raise StageError(f"--window-offset {window_offset} without --window-rows: the window is cut from synth's rows "
+                         "(profile vars eval_window_offset, eval_window_rows)")
+    if window_offset and window_rows is not None:
+        if not window_rows.is_file():
+            raise StageError(f"{window_rows}: no such file (profile var eval_window_rows: synth's responses.jsonl)")
+        cuts, short = eval_bench.window_prompts(common.read_jsonl(window_rows)[0], window_offset, limit,
+                                                str(window_rows))
+        rows = cuts
+        window = {"rows": str(window_rows), "rows_sha256": manifest.sha256_file(window_rows), "offset": window_offset,
+                  "prompts": len(cuts), "too_short": short}
+        click.echo(f"eval: window: the {max_tokens} tokens after the first {window_offset} of each response, "
+                   f"{len(cuts)} rows of {window_rows} ({short} with a shorter response passed over)")
+    else:
+        rows = load_prompts(prompts, limit)
     check_served(endpoint, model)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plan = sweep_plan(levels, temperature, top_p)
+    plan = sweep_plan(levels, temperature, top_p, None if seed < 0 else seed)
     settings = {"prompts_sha256": manifest.sha256_file(prompts), "limit": limit, "max_tokens": max_tokens,
                 "concurrency": levels, "repeats": repeats, "sampled": [p for n, _, p in plan if n == "sampled"][:1],
-                **({"rounds": rounds} if rounds else {})}
+                **({"rounds": rounds} if rounds else {}), **({"window": window} if window else {})}
     if rounds:
         click.echo("eval: requests per cell: " + ", ".join(f"{cell_requests(c, len(rows), rounds)} at concurrency {c}"
                                                           for c in levels) + f" ({rounds} rounds, eval_rounds)")
@@ -273,12 +334,17 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
         click.echo(f"eval: note: {len(rows)} prompts for concurrency up to {levels[-1]}: the top cells run one "
                    "short wave each (give eval_limit >= 2x the largest concurrency for a steady state)")
     dataset = out_dir / f"bench-{mode}.jsonl"
-    eval_bench.render_prompts(rows, model, max_tokens, dataset, trust_remote_code)
+    if window:
+        eval_bench.render_window(rows, model, max_tokens, dataset, trust_remote_code)
+    else:
+        eval_bench.render_prompts(rows, model, max_tokens, dataset, trust_remote_code)
+    window_words = (f"tokens {window_offset}-{window_offset + max_tokens} of each response" if window
+                    else f"the first {max_tokens} tokens of each answer")
     cells = run_sweep(endpoint, model, dataset, len(rows), plan, repeats, max_tokens, out_dir / "bench-logs",
                       trust_remote_code, mode, rounds)
 
     if mode == "baseline":
-        first = next(c for c in cells if c["sampling"] == "greedy" and c["concurrency"] == decide_at)
+        first = next(c for c in cells if c["sampling"] == decision and c["concurrency"] == decide_at)
         doc = {"schema": 2, "mode": "baseline", "settings": settings, "cells": cells,
                "tokens_per_s": first["tokens_per_s"]["mean"], "requests": len(rows)}
         atomic_write_json(out_dir / "baseline.json", doc)
@@ -304,17 +370,18 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
         b = base_cells[(c["sampling"], c["concurrency"])]
         sweep.append({"sampling": c["sampling"], "concurrency": c["concurrency"], "baseline": b, "spec": c,
                       "comparison": compare(b, c, c["sampling"])})
-    decided = next(r for r in sweep if r["sampling"] == "greedy" and r["concurrency"] == decide_at)
+    decided = next(r for r in sweep if r["sampling"] == decision and r["concurrency"] == decide_at)
     d, cmp_ = decided["spec"], decided["comparison"]
     v, reasons = cmp_["verdict"], cmp_["reasons"]
     speedup = cmp_["speedup"]
     sampled = sampled_at(sweep, decide_at, settings)
-    pays_up_to = [r["concurrency"] for r in sweep if r["sampling"] == "greedy" and r["comparison"]["verdict"] == "PAYS"]
+    greedy = cell_at(sweep, "greedy", decide_at)  # beside a sampled verdict: the greedy cell, and vice versa
+    pays_up_to = [r["concurrency"] for r in sweep if r["sampling"] == decision and r["comparison"]["verdict"] == "PAYS"]
     for r in sweep:  # the report keeps figures, not every generated text
         r["baseline"] = {k: val for k, val in r["baseline"].items() if k != "texts"}
         r["spec"] = {k: val for k, val in r["spec"].items() if k != "texts"}
     report = {"schema": 2, "settings": settings, "drafter": str(drafter) if drafter else None,
-              "decided_at": {"concurrency": decide_at, "sampling": "greedy"},
+              "decided_at": {"concurrency": decide_at, "sampling": decision}, "window": window_words,
               "baseline_tokens_per_s": decided["baseline"]["tokens_per_s"]["mean"],
               "spec_tokens_per_s": d["tokens_per_s"]["mean"], "speedup": speedup,
               "speedup_min": cmp_["speedup_min"], "speedup_max": cmp_["speedup_max"],
@@ -329,16 +396,23 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
                "baseline's, reasoning included):")
     click.echo(table(sweep))
     pos = ", ".join(f"{p:.2f}" for p in d["per_position_acceptance"])
-    click.echo(f"eval: at concurrency {decide_at} (greedy): acceptance rate {d['acceptance_rate']:.1%}, mean "
+    click.echo(f"eval: at concurrency {decide_at} ({decision}, {window_words}): acceptance rate {d['acceptance_rate']:.1%}, mean "
                f"acceptance length {d['mean_acceptance_length']:.2f}, per position [{pos}] ({d['drafts']} drafts)")
     click.echo(f"eval: {d['tokens_per_s']['mean']:.1f} tokens/s with the drafter vs "
                f"{decided['baseline']['tokens_per_s']['mean']:.1f} without: speedup {speedup:.2f}x "
-               f"[{cmp_['speedup_min']:.2f}-{cmp_['speedup_max']:.2f}]; {cmp_['same_output_as_baseline']}/{d['requests']} "
-               "outputs identical to the baseline's")
+               f"[{cmp_['speedup_min']:.2f}-{cmp_['speedup_max']:.2f}]"
+               + (f"; {cmp_['same_output_as_baseline']}/{d['requests']} outputs identical to the baseline's"
+                  if cmp_["same_output_as_baseline"] is not None else ""))
+    other = sampled if decision == "greedy" else greedy
+    if other:
+        click.echo(f"eval: beside it, {'greedy' if decision == 'sampled' else 'sampled'} at concurrency {decide_at}: "
+                   f"acceptance rate {other['acceptance_rate']:.1%}, mean acceptance length "
+                   f"{other['mean_acceptance_length']:.2f}")
     click.echo(f"eval summary: acceptance_rate={d['acceptance_rate']:.4f} "
                f"mean_acceptance_length={d['mean_acceptance_length']:.3f} speedup={speedup:.3f} verdict={v} "
-               f"concurrency={decide_at} sampling=greedy")
-    reasons = [f"decided at concurrency {decide_at} (greedy)", *reasons]
+               f"concurrency={decide_at} sampling={decision}" + (f" window_offset={window_offset}" if window else ""))
+    reasons = [f"decided at concurrency {decide_at} ({decision}) on {window_words}, eval_decide_sampling {decide_sampling}",
+               *reasons]
     if v in ("SLOWER", "LOW_ACCEPTANCE"):
         bar = "!" * 78
         click.echo(f"{bar}\n!!! VERDICT: {v}: " + "; ".join(reasons) +
@@ -353,7 +427,9 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
                    counts={"requests": len(rows), "drafts": d["drafts"], "cells": len(sweep)},
                    extra={"verdict": v, "speedup": speedup, "acceptance_rate": d["acceptance_rate"],
                           "mean_acceptance_length": d["mean_acceptance_length"],
-                          "decided_at": f"concurrency {decide_at}, greedy",
+                          "decided_at": f"concurrency {decide_at}, {decision}", "decoding": decision,
+                          "window": window_words,
+                          "greedy": greedy,  # the greedy cell at the same concurrency (beside a sampled verdict)
                           "sampled": sampled,  # the sampled cell at the same concurrency (None: no sampled sweep)
                           "sweep": [{"sampling": r["sampling"], "concurrency": r["concurrency"],
                                      "speedup": r["comparison"]["speedup"], "verdict": r["comparison"]["verdict"],

@@ -41,6 +41,50 @@ def render_prompts(prompts: list[dict], model: str, max_tokens: int, out: Path, 
     out.write_text("\n".join(lines) + "\n")
 
 
+def window_prompts(rows: list[dict], offset: int, limit: int | None, source: str) -> tuple[list[list[int]], int]:
+    """The window's prompts from synth rows (`input_ids` with `loss_mask`, the rendered conversation and
+    its response): each the conversation plus the response's first `offset` tokens, as a continued
+    assistant turn, so the eval measures the `max_tokens` after them, not the answer's opening. The last
+    `limit` rows of the file with a response longer than `offset` (pure): (token ids per prompt, rows
+    passed over as too short)."""
+    if offset < 1:
+        raise StageError(f"--window-offset {offset}: at least 1 token into the response (profile var "
+                         "eval_window_offset; 0 turns the window off)")
+    out, short = [], 0
+    for i, r in enumerate(rows):
+        ids, mask = r.get("input_ids"), r.get("loss_mask")
+        if not isinstance(ids, list) or not isinstance(mask, list) or len(ids) != len(mask) or not ids:
+            raise StageError(f"{source}: row {i + 1} has no input_ids/loss_mask of one length (the rows synth "
+                             "writes: responses.jsonl); profile var eval_window_rows")
+        start = next((j for j, m in enumerate(mask) if m), None)
+        if start is None or len(ids) - start <= offset:
+            short += 1
+            continue
+        out.append(ids[:start + offset])
+    if limit:
+        out = out[-limit:]
+    if not out:
+        raise StageError(f"{source}: no row has a response longer than --window-offset {offset} tokens "
+                         f"({short} too short); lower eval_window_offset or give longer rows")
+    return out, short
+
+
+def render_window(cuts: list[list[int]], model: str, max_tokens: int, out: Path, trust_remote_code: bool) -> None:
+    """The benchmark's dataset for the window: each cut decoded to text (the server tokenizes it again;
+    a BOS the server adds itself is not written twice)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+    adds_bos = bool(tok.bos_token_id is not None and tok("x").input_ids[:1] == [tok.bos_token_id])
+    lines = []
+    for ids in cuts:
+        if adds_bos and ids[:1] == [tok.bos_token_id]:
+            ids = ids[1:]
+        lines.append(json.dumps({"prompt": tok.decode(ids, skip_special_tokens=False), "output_tokens": max_tokens}))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+
+
 def bench_argv(endpoint: str, model: str, dataset: Path, requests: int, concurrency: int, max_tokens: int,
                sampling: dict, trust_remote_code: bool = False) -> list[str]:
     """`vllm bench serve` arguments for one cell (pure)."""
@@ -52,6 +96,8 @@ def bench_argv(endpoint: str, model: str, dataset: Path, requests: int, concurre
             "--metric-percentiles", "50,99", "--temperature", str(sampling.get("temperature", 0.0))]
     if "top_p" in sampling:
         argv += ["--top-p", str(sampling["top_p"])]
+    if sampling.get("seed") is not None:  # every request seeded: a sampled cell repeats token for token
+        argv += ["--extra-body", json.dumps({"seed": int(sampling["seed"])})]
     if trust_remote_code:
         argv.append("--trust-remote-code")
     return argv

@@ -17,7 +17,7 @@ from ..render import fmt_duration
 HEADLINE = (("coverage", "vocab coverage", "{:.1%}"), ("acceptance_rate", "acceptance rate", "{:.1%}"),
             ("mean_acceptance_length", "mean acceptance length", "{:.2f}"),
             ("speedup", "speedup vs no speculation", "{:.2f}x"), ("verdict", "verdict", "{}"),
-            ("decided_at", "verdict decided at", "{}"))
+            ("decided_at", "verdict decided at", "{}"), ("window", "tokens measured", "{}"))
 
 
 def read_manifests(lab: Lab, names: list[str]) -> dict[str, dict[str, dict | None]]:
@@ -77,15 +77,23 @@ def _versus(fc: dict | None, key: str = "offline") -> dict | None:
     """An offline forecast (the last one, or the pilot's) next to the served measurement, once both exist."""
     if not fc or fc.get("source") != "eval" or not fc.get(key):
         return None
+    from ..forecast import DECODINGS, decoded
+
     off = {"source": "pilot", **fc[key]}  # "offline" names its own source; "pilot" holds only figures
-    out = {"forecast_rate": off["acceptance_rate"], "measured_rate": fc["acceptance_rate"],
-           "error": off["acceptance_rate"] - fc["acceptance_rate"], "forecast_length": off["mean_acceptance_length"],
-           "measured_length": fc["mean_acceptance_length"], "forecast_source": off["source"]}
-    fs, ms = off.get("sampled") or {}, fc.get("sampled") or {}
-    if isinstance(fs.get("acceptance_rate"), (int, float)) and isinstance(ms.get("acceptance_rate"), (int, float)):
-        # the sampled forecast beside the served sampled cell
-        out.update({"forecast_sampled_rate": fs["acceptance_rate"], "measured_sampled_rate": ms["acceptance_rate"],
-                    "sampled_error": fs["acceptance_rate"] - ms["acceptance_rate"]})
+    decoding = fc.get("decoding") if fc.get("decoding") in DECODINGS else "greedy"  # as the eval decided
+    out = {"decoding": decoding, "window": fc.get("window"), "forecast_source": off["source"]}
+    for name in DECODINGS:  # each forecast beside the served cell of its own decoding
+        f, m = decoded(off, name), decoded(fc, name)
+        if f is not None and m is not None:
+            out.update({f"forecast_{name}_rate": f["acceptance_rate"], f"measured_{name}_rate": m["acceptance_rate"],
+                        f"{name}_error": f["acceptance_rate"] - m["acceptance_rate"],
+                        f"forecast_{name}_length": f["mean_acceptance_length"],
+                        f"measured_{name}_length": m["mean_acceptance_length"]})
+    if f"{decoding}_error" not in out:
+        return None
+    out.update({"forecast_rate": out[f"forecast_{decoding}_rate"], "measured_rate": out[f"measured_{decoding}_rate"],
+                "error": out[f"{decoding}_error"], "forecast_length": out[f"forecast_{decoding}_length"],
+                "measured_length": out[f"measured_{decoding}_length"]})
     return out
 
 
@@ -116,11 +124,14 @@ def summary(ctx, as_json: bool) -> None:
                        f"{cell.get('verdict')}")
     fc = s["forecast"]
     for vs in [v for v in (s["pilot_vs_eval"], s["forecast_vs_eval"]) if v]:  # earliest evidence first
-        click.echo(f"forecast ({vs['forecast_source']}) vs eval: acceptance {vs['forecast_rate']:.1%} forecast, "
-                   f"{vs['measured_rate']:.1%} measured (error {vs['error']:+.1%}); mean length "
-                   f"{vs['forecast_length']:.2f} vs {vs['measured_length']:.2f}"
-                   + (f"; sampled {vs['forecast_sampled_rate']:.1%} forecast, {vs['measured_sampled_rate']:.1%} "
-                      f"measured (error {vs['sampled_error']:+.1%})" if "sampled_error" in vs else ""))
+        other = "greedy" if vs["decoding"] == "sampled" else "sampled"
+        fl, ml = vs["forecast_length"], vs["measured_length"]
+        # the verdict's decoding first ("sampled acceptance" where it is decided sampled), the other beside
+        click.echo(f"forecast ({vs['forecast_source']}) vs eval: {'sampled ' if vs['decoding'] == 'sampled' else ''}acceptance "
+                   f"{vs['forecast_rate']:.1%} forecast, {vs['measured_rate']:.1%} measured (error {vs['error']:+.1%})"
+                   + (f"; mean length {fl:.2f} vs {ml:.2f}" if fl is not None and ml is not None else "")
+                   + (f"; {other} {vs[f'forecast_{other}_rate']:.1%} forecast, {vs[f'measured_{other}_rate']:.1%} "
+                      f"measured (error {vs[f'{other}_error']:+.1%})" if f"{other}_error" in vs else ""))
     if not s["forecast_vs_eval"] and fc and "acceptance_rate" in fc:
         click.echo(f"forecast: {fc['verdict']}, acceptance {fc['acceptance_rate']:.1%}, mean length "
                    f"{fc['mean_acceptance_length']:.2f} (from {fc['source']}; no eval to compare with yet)")
