@@ -736,3 +736,22 @@ def test_eval_window_cut_from_synth_rows(tiny, tmp_path):
     assert line["output_tokens"] == 16 and "say something" in line["prompt"]
     assert line["prompt"].endswith(tok.decode(answer[:2])) and not line["prompt"].endswith(tok.decode(answer[:3]))
     assert line["prompt"].count(tok.bos_token) <= 1
+
+
+def test_kimis_eval_window_is_cut_from_answers_to_the_eval_prompts_not_from_training_rows():
+    """The window's rows must be held out: the eval prompts' own answers (eval_openings), never synth's rows,
+    which prepare turns into the drafter's training data; their length covers the offset."""
+    cfg = config.load(None, "kimi-k2.5")
+
+    def arg(stage: str, flag: str) -> str:
+        s = cfg.stage(stage)
+        argv = [cfg.render(s, a, cfg.vars_for(s)) for a in s.command]
+        return argv[argv.index(flag) + 1]
+
+    openings = cfg.render(cfg.stage("eval_openings"), cfg.stage("eval_openings").outputs[0],
+                          cfg.vars_for(cfg.stage("eval_openings")))
+    for stage in ("eval_baseline", "eval"):
+        assert arg(stage, "--window-rows").startswith(openings + "/")
+        assert int(arg(stage, "--window-offset")) < int(arg("eval_openings", "--max-tokens"))
+    assert arg("eval_openings", "--prompts") == arg("eval", "--prompts") != arg("synth", "--prompts")
+    assert not arg("prepare", "--data").startswith(openings) and "eval_openings" in cfg.stage("eval_baseline").depends_on
