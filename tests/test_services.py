@@ -122,24 +122,14 @@ def test_a_needed_services_flag_is_part_of_the_jobs_fingerprint(tmplab):
 # the pilot goes first: synth's first rows, serve_extract for its data, its train on a GPU of its own, then
 # synth's server again for the rest. Each job records its argv, so the rewritten commands are seen as run.
 RECORD = '"${python}", "-c", "import sys, json; open(sys.argv[1], \'a\').write(json.dumps(sys.argv[2:]) + chr(10))", "${data}/argv.jsonl"'
+TWO_GPU_SERVICE = (f'{{kind: service, host: local, gpus: 2, command: {SERVICE}, stop_grace_s: 2, '
+                   'ready: {log_regex: "Application startup complete", timeout_s: 60}}')
 WINDOW = f"""\
 vars: {{data: DATA, pilot_samples: "8"}}
 pilot_window: own
 stages:
-  serve_t:
-    kind: service
-    host: local
-    gpus: 2
-    command: {SERVICE}
-    ready: {{log_regex: "Application startup complete", timeout_s: 60}}
-    stop_grace_s: 2
-  serve_x:
-    kind: service
-    host: local
-    gpus: 2
-    command: {SERVICE}
-    ready: {{log_regex: "Application startup complete", timeout_s: 60}}
-    stop_grace_s: 2
+  serve_t: {TWO_GPU_SERVICE}
+  serve_x: {TWO_GPU_SERVICE}
   synth:
     host: local
     command: [{RECORD}, "synth", "--out", "${{data}}/synth", "--limit", "100"]
