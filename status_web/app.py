@@ -244,16 +244,8 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
     def hosts():
         def build(status, now):
             st = model.read(status, now)  # read once for the page
-            hs = []
-            for h in st.hosts:
-                hs.append(model.guarded(lambda h=h: {**h, "gpu_rows": model.gpus_view(h),
-                                                 "since": model.fmt_clock(model.ts(h.get("unreachable_since")), now),
-                                                 "checked": model.fmt_clock(model.ts(h.get("checked_at")), now),
-                                                 "disk": model.fmt_bytes(model.num(h.get("free_disk_bytes"))),
-                                                 "load_text": model.load_view(h.get("load")),
-                                                 "running": model.running_on(st, h.get("name"))},
-                                        {"name": str(h.get("name")), "gpu_rows": [], "running": []}))
-            return {"hosts": hs}
+            return {"hosts": [model.guarded(lambda h=h: model.host_view(h, st, now),
+                                            {"name": h.name, "gpu_rows": [], "running": []}) for h in st.hosts]}
         return page("hosts.html", (), build)
 
     @app.get("/runs/<run_id>")
@@ -265,21 +257,8 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
 
         def build(status, now):
             tail, tail_note = _log_tail(st, status, run)
-            plots, constants = model.split_metrics(model.metric_series(run.get("log_state")))
-            ctx = model.guarded(lambda: {
-                "phases": model.phases_view(run.get("log_state")),
-                "charts": [{**m, "svg": svg.line_chart(m["points"], title=m["name"], x_label="step",
-                                                        y_label=m["name"].rsplit("/", 1)[-1], y_from_zero=False)}
-                           for m in plots],
-                "constants": constants,
-                "preflight": model.preflight_view(run), "exit": model.exit_view(run),
-                "cell": model.cell({"name": run.get("stage"), "host": run.get("host"), "state": run.get("state")},
-                                   run, {}, now),
-                "started": model.fmt_clock(model.ts(run.get("started_at")), now),
-                "ended": model.fmt_clock(model.ts(run.get("ended_at")), now),
-                "duration": model.fmt_duration(model.num(run.get("duration_s"))),
-                "note": model.state_file_note(run),
-            }, {"phases": [], "charts": [], "preflight": [], "exit": str(run.get("state")), "cell": None})
+            ctx = model.guarded(lambda: charted(model.run_view(model.read(status, now).run(run_id), now)),
+                                {"phases": [], "charts": [], "preflight": [], "exit": str(run.get("state")), "cell": None})
             return {"run": run, "tail": tail, "tail_note": tail_note, **ctx}
         return page("run.html", (run_id,), build)
 
@@ -351,6 +330,13 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
     @app.errorhandler(500)
     def server_error(e):
         return render_template("error.html", code=500, message="The page failed; the API may still answer."), 500
+
+
+def charted(view: dict) -> dict:
+    """A run page's view with its metric plots drawn."""
+    return {**view, "charts": [{**m, "svg": svg.line_chart(m["points"], title=m["name"], x_label="step",
+                                                            y_label=m["name"].rsplit("/", 1)[-1], y_from_zero=False)}
+                               for m in view["plots"]]}
 
 
 def overview_ctx(status: dict, now: float) -> dict:

@@ -63,8 +63,8 @@ class StatusCollector:
             if name in last_ok:
                 success.add_metric([host, name], last_ok[name])
         for h in st.hosts:
-            if h.get("reachable") is not None:  # never asked: unknown, not down
-                up.add_metric([str(h.get("name"))], 1.0 if h.get("reachable") else 0.0)
+            if h.reachable is not None:  # never asked: unknown, not down
+                up.add_metric([h.name], 1.0 if h.reachable else 0.0)
         fin = st.pipeline.finish if st.pipeline else None
         if fin:
             pipeline.add_metric([], max(0.0, fin.at - now))

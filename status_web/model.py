@@ -4,13 +4,14 @@ the status and `now` in, plain dicts out; no I/O, no Flask.
 The status is read once (`Status.from_json`, at the snapshot's page build): runs, stages and the
 engine's estimates arrive typed, a garbled field as absent. A finish time is the ETA engine's
 `Finish`, never one estimated here; clock, end and ETA words come from eaglelab.display, as the
-terminal's do. The blocks still kept as JSON (forecast, outcome, side jobs, a log's metrics and
-phases) are read through `num`/`mapping`, and `guarded` keeps one odd record to one cell.
+terminal's do. The other blocks arrive typed too (eaglelab.host_status, eaglelab.pipeline_status,
+eaglelab.run_details: hosts and GPUs, forecast, side jobs, outcome, configuration notice, preflight,
+a Slurm job's place), so the views below only format; `guarded` keeps one odd record to one cell.
+A view that takes "an object or its JSON" does so because tests and the run page pass JSON.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections.abc import Callable
@@ -20,34 +21,24 @@ from eaglelab import display
 from eaglelab.figures import engine_words
 from eaglelab.figures import human_duration as fmt_duration
 from eaglelab.fsutil import parse_iso
+from eaglelab.host_status import HostStatus
 from eaglelab.lab_status import RunStatus, StageStatus, Status
 from eaglelab.logstate import Finish, LogState
 from eaglelab.model import ACTIVE, FINAL, RunState, StageState, exit_text
+from eaglelab.pipeline_status import Acceptance, ConfigEvent, EngineFigures, Forecast, Outcome
 
 MAX_TIMELINE_ROWS = 60  # past this, the timeline keeps the stages still to happen and the failed ones
 
 
 # -- small readers --------------------------------------------------------------------------------
 
-def num(v: Any) -> float | None:
-    """A finite number, or None (bools, strings, NaN and infinities are not numbers here)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v) if math.isfinite(v) else None
-
-
-def ts(v: Any) -> float | None:
-    """An ISO time (our JSON's format) as a POSIX timestamp, or None when absent or garbled."""
-    if not isinstance(v, str):
-        return None
+def ts(v: str | None) -> float | None:
+    """An ISO time (our JSON's format: the typed records keep them as strings) as a POSIX timestamp,
+    or None when absent or garbled."""
     try:
         return parse_iso(v)
     except ValueError:
         return None
-
-
-def mapping(v: Any) -> dict:
-    return v if isinstance(v, dict) else {}
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -66,27 +57,26 @@ def fmt_clock(t: float | None, now: float) -> str:
 
 
 def read(status: Status | dict, now: float) -> Status:
-    """The status object: as given, or read once from its JSON (tests and the run page pass JSON)."""
+    """The status object: as given, or read once from its JSON (the snapshot keeps the JSON, and
+    tests pass it): the one place the page reads the document."""
     return status if isinstance(status, Status) else Status.from_json(status, now)
 
 
-def config_view(status: dict, now: float) -> dict:
+def config_view(status: Status | dict, now: float) -> dict:
     """The configuration notice: the error that stands (a banner), else the last reload (a note),
     each with its clock time and the files (relative to the conf dir)."""
-    cfg = status.get("config") if isinstance(status, dict) else None
-    if not isinstance(cfg, dict):
+    cfg = read(status, now).config
+    if cfg is None:
         return {}
+    base = cfg.conf_dir.rstrip("/") + "/"
 
-    def shown(event) -> dict | None:
-        if not isinstance(event, dict):
+    def shown(event: ConfigEvent | None) -> dict | None:
+        if event is None:
             return None
-        t = ts(event.get("at"))
-        files = [str(f) for f in event.get("files") or []]
-        base = str(cfg.get("conf_dir") or "").rstrip("/") + "/"
-        short = [f[len(base):] if base != "/" and f.startswith(base) else f for f in files]
-        return {"at": time.strftime("%H:%M:%S", time.localtime(t)) if t is not None else "",
-                "files": ", ".join(short) or "a file", "paths": files, "message": str(event.get("message") or "")}
-    return {"error": shown(cfg.get("error")), "reloaded": shown(cfg.get("reloaded"))}
+        short = [f[len(base):] if base != "/" and f.startswith(base) else f for f in event.files]
+        return {"at": time.strftime("%H:%M:%S", time.localtime(event.at)) if event.at is not None else "",
+                "files": ", ".join(short) or "a file", "paths": list(event.files), "message": event.message}
+    return {"error": shown(cfg.error), "reloaded": shown(cfg.reloaded)}
 
 
 def guarded(build: Callable[[], dict], fallback: dict) -> dict:
@@ -134,16 +124,12 @@ def _int_or(v: float) -> float | int:
     return int(v) if v == int(v) else v
 
 
-def state_file_note(run: RunStatus | dict) -> str:
+def state_file_note(rs: RunStatus) -> str:
     """What to say when a run has no parsed state (web.log_state_status, set by the snapshot)."""
-    if isinstance(run, dict):
-        status, log_state = run.get("log_state_status"), run.get("log_state")
-    else:
-        status, log_state = run.log_state_status, run.run.log_state
-    if log_state is not None:
+    if rs.run.log_state is not None:
         return ""
     return {"missing": "no state file yet", "unreadable": "state file unreadable (half-written?)",
-            "not_json_object": "state file is not a JSON object"}.get(status, "no parsed state")
+            "not_json_object": "state file is not a JSON object"}.get(rs.log_state_status, "no parsed state")
 
 
 def _stage_of(stage: StageStatus | dict, now: float) -> StageStatus:
@@ -158,13 +144,13 @@ def _run_of(run: RunStatus | dict | None, now: float) -> RunStatus | None:
 UNKNOWN = "unknown"  # a stage whose record names no state the page knows
 
 
-def cell(stage: StageStatus | dict, run: RunStatus | dict | None, hosts: dict[str, dict], now: float) -> dict:
+def cell(stage: StageStatus | dict, run: RunStatus | dict | None, hosts: dict[str, HostStatus], now: float) -> dict:
     """One host × stage cell of the overview."""
     st, rs = _stage_of(stage, now), _run_of(run, now)
     r = rs.run if rs else None
     log = rs.log if rs else None
     state = st.state or UNKNOWN
-    host = hosts.get(st.host, {})
+    host = hosts.get(st.host)
     failure = log.failure if log else None
     service = serving_view(st, rs, now) if state in (StageState.RUNNING, StageState.STALLED) else None
     # (stalled: a ready server whose log went quiet is up, not stalled)
@@ -190,35 +176,33 @@ def cell(stage: StageStatus | dict, run: RunStatus | dict | None, hosts: dict[st
         "detail": exit_text(r) if r else "",
         "failure": {"reason": str(failure.get("reason") or "other"), "message": str(failure.get("message") or "")}
         if failure else None,
-        "duration": fmt_duration(num(r.duration_s)) if r else "",
+        "duration": fmt_duration(r.duration_s) if r else "",
         "started": started, "ended": ended_at,
-        "unreachable_since": fmt_clock(ts(host.get("unreachable_since")), now)
+        "unreachable_since": fmt_clock(ts(host.unreachable_since) if host else None, now)
         if state == StageState.UNREACHABLE else "",
         "note": state_file_note(rs) if rs and state in (StageState.RUNNING, StageState.STALLED) else "",
         "stall": log.stall_message if log and state == StageState.STALLED else "",
-        "queue": queue_view(r, now) if r else None,
+        "queue": queue_view(rs, now) if rs else None,
     }
 
 
-def queue_view(run, now: float) -> dict | None:
+def queue_view(rs: RunStatus, now: float) -> dict | None:
     """A Slurm run's place: job id, Slurm's state and reason, queue position, time queued, Slurm's
     own start estimate, the nodes (None for a run of another kind of host)."""
-    sl = mapping(run.slurm)
-    if not sl:
+    sl = rs.slurm
+    if sl is None:
         return None
-    reason, pos = sl.get("reason"), sl.get("queue_position")
-    return {"job_id": str(sl.get("job_id") or "?"), "state": str(sl.get("state") or "?"),
-            "reason": str(reason) if reason not in (None, "None", "") else "",
-            "position": pos if isinstance(pos, int) and not isinstance(pos, bool) else None,
-            "queued": fmt_duration(num(sl.get("queued_s"))),
-            "start_estimate": fmt_clock(ts(sl.get("start_estimate")), now) if run.state == RunState.PENDING else "",
-            "nodes": str(sl.get("nodelist") or "")}
+    return {"job_id": sl.job_id or "?", "state": sl.state or "?",
+            "reason": sl.reason if sl.reason not in (None, "None", "") else "",
+            "position": sl.queue_position, "queued": fmt_duration(sl.queued_s),
+            "start_estimate": fmt_clock(ts(sl.start_estimate), now) if rs.run.state == RunState.PENDING else "",
+            "nodes": sl.nodelist or ""}
 
 
 def overview(status: Status | dict, now: float) -> dict:
     """Hosts × stages: one row per host, its stages as cells in pipeline order."""
     st = read(status, now)
-    hosts = {h.get("name"): h for h in st.hosts}
+    hosts = {h.name: h for h in st.hosts}
     rows: dict[str, list] = {name: [] for name in hosts}
     for s in st.stages:
         c = guarded(lambda s=s: cell(s, st.run(s.latest_run), hosts, now),
@@ -233,158 +217,125 @@ def overview(status: Status | dict, now: float) -> dict:
     pipeline = eta_view(fin, now) if fin is not None and fin.at > now else None
     busy = any(c["state"] in (StageState.RUNNING, StageState.STALLED, StageState.UNREACHABLE) and not c.get("service")
                for cells in rows.values() for c in cells)
-    pipe, outcome = st.block("pipeline"), st.json.get("outcome")
     return {"rows": [{"host": hosts.get(name, {"name": name}), "cells": cells} for name, cells in rows.items()],
             "counts": counts, "pipeline": pipeline if busy else None, "busy": busy,
-            "outcome": guarded(lambda: outcome_view(outcome, now), {"verdict": "NOT MEASURED"})
-            if outcome is not None else None,
-            "forecast": guarded(lambda: forecast_view(pipe, now), {}),
-            "side_jobs": guarded(lambda: side_jobs_view(pipe), [])}
+            "outcome": guarded(lambda: outcome_view(st.outcome, now), {"verdict": "NOT MEASURED"})
+            if st.outcome is not None else None,
+            "forecast": guarded(lambda: forecast_view(st, now), {}),
+            "side_jobs": guarded(lambda: side_jobs_view(st), [])}
 
 
-def side_jobs_view(pipe: dict) -> list[dict]:
+def side_jobs_view(status: Status) -> list[dict]:
     """pipeline.side_jobs for the overview: a smoke that failed under this config is the next stage's
     failure (a banner); the others are one line each."""
-    rows = pipe.get("side_jobs") if isinstance(pipe.get("side_jobs"), list) else []
-    out = []
-    for sj in rows:
-        sj = mapping(sj)
-        if not sj.get("run"):
-            continue
-        out.append({"stage": str(sj.get("stage") or ""), "beside": str(sj.get("beside") or ""),
-                    "smoke_of": str(sj.get("smoke_of") or ""), "state": str(sj.get("state") or ""),
-                    "run": str(sj.get("run") or ""), "reason": str(sj.get("reason") or ""),
-                    "will_fail": bool(sj.get("smoke_of") and sj.get("reason") and sj.get("current_config")),
-                    "engine": engine_view(sj.get("engine"))})
-    return out
+    return [{"stage": sj.stage or "", "beside": sj.beside or "", "smoke_of": sj.smoke_of or "", "state": sj.state or "",
+             "run": sj.run, "reason": sj.reason or "",
+             "will_fail": bool(sj.smoke_of and sj.reason and sj.current_config), "engine": engine_view(sj.engine)}
+            for sj in status.side_jobs if sj.run]
 
 
-def engine_view(eng) -> dict | None:
+def engine_view(eng: EngineFigures | None) -> dict | None:
     """The engine check's figures (docs/foresight.md, "The engine check"): an alarm is a banner naming both."""
-    eng = mapping(eng)
-    if not eng:
-        return None
-    try:
-        return {"alarm": bool(eng.get("alarm")), "words": engine_words(eng)}
-    except (KeyError, TypeError, ValueError):
-        return None
+    return None if eng is None else {"alarm": eng.alarm, "words": engine_words(eng.to_json())}
 
 
 SOURCE_WORDS = {"pilot": "a pilot slice's checkpoint", "checkpoint": "the latest training checkpoint (offline)",
                 "eval": "the served measurement"}
 
 
-def served_words(sv: dict) -> dict:
+def served_words(sv: Acceptance | None) -> dict:
     """The serving smoke's figures (a checkpoint served by vLLM while training ran), or {}."""
-    if num(sv.get("acceptance_rate")) is None:
+    if sv is None or sv.acceptance_rate is None:
         return {}
-    mal = num(sv.get("mean_acceptance_length"))
-    return {"acceptance_rate": pct(sv.get("acceptance_rate")), "mean_acceptance_length": "" if mal is None
-            else f"{mal:.2f}", "epoch": "" if sv.get("epoch") is None else str(sv.get("epoch")),
-            "run": str(sv.get("run") or "")}
+    return {"acceptance_rate": pct(sv.acceptance_rate), "mean_acceptance_length": fixed(sv.mean_acceptance_length),
+            "epoch": sv.epoch or "", "run": sv.run or ""}
 
 
-def sampled_words(sd: dict, offline: dict) -> str:
+def sampled_words(sd: Acceptance | None, offline: Acceptance | None) -> str:
     """The sampled figure (an offline forecast's, or the eval's served sampled cell), with the offline
     sampled forecast beside a served one; '' without."""
-    if num(sd.get("acceptance_rate")) is None:
+    if sd is None or sd.acceptance_rate is None:
         return ""
-    mal = num(sd.get("mean_acceptance_length"))
-    out = pct(sd.get("acceptance_rate")) + ("" if mal is None else f", mean length {mal:.2f}")
-    if num(offline.get("acceptance_rate")) is not None:
-        out += f" (offline forecast {pct(offline.get('acceptance_rate'))})"
+    mal = sd.mean_acceptance_length
+    out = pct(sd.acceptance_rate) + ("" if mal is None else f", mean length {mal:.2f}")
+    if offline is not None and offline.acceptance_rate is not None:
+        out += f" (offline forecast {pct(offline.acceptance_rate)})"
     return out
 
 
-def other_decoding(h: dict) -> str:
-    return "greedy" if h.get("decoding") == "sampled" else "sampled"
+def fixed(v: float | None, unit: str = "") -> str:
+    """A figure with two decimals ("1.87", "1.20×"), "" for none."""
+    return "" if v is None else f"{v:.2f}{unit}"
 
 
-def forecast_view(pipe: dict, now: float) -> dict:
+def points(v: float | None) -> str:
+    """A forecast's error in percentage points ("+1.5 pts"), "" for none."""
+    return "" if v is None else f"{100 * v:+.1f} pts"
+
+
+def forecast_view(status: Status, now: float) -> dict:
     """pipeline.forecast in words: verdict, figures, where from and how old; past forecasts' errors."""
-    fc = mapping(pipe.get("forecast"))
-    hist = [h for h in pipe.get("forecast_history") or [] if isinstance(h, dict)] \
-        if isinstance(pipe.get("forecast_history"), list) else []
-    if num(fc.get("acceptance_rate")) is None and not hist:
+    fc, hist = status.forecast, status.forecast_history
+    if (fc is None or fc.acceptance_rate is None) and not hist:
         return {}
-    made = ts(fc.get("made_at"))
-    off = mapping(fc.get("offline"))
+    fc = fc or Forecast()
+    off = fc.offline
     return {
-        "present": num(fc.get("acceptance_rate")) is not None,
-        "verdict": str(fc.get("verdict") or ""), "css": str(fc.get("verdict") or "").lower().replace("_", "-"),
-        "acceptance_rate": pct(fc.get("acceptance_rate")),
-        "mean_acceptance_length": "" if num(fc.get("mean_acceptance_length")) is None
-        else f"{num(fc.get('mean_acceptance_length')):.2f}",
-        "speedup": "" if num(fc.get("speedup")) is None else f"{num(fc.get('speedup')):.2f}×",
-        "source": str(fc.get("source") or ""), "source_words": SOURCE_WORDS.get(str(fc.get("source")), ""),
-        "checkpoints": fc.get("checkpoints"), "run": fc.get("run"),
-        "age": fmt_duration(max(0.0, now - made)) if made is not None else "",
-        "made": fmt_clock(made, now),
-        "offline": pct(off.get("acceptance_rate")) if off else "",
-        "sampled": sampled_words(mapping(fc.get("sampled")), mapping(off.get("sampled"))),
-        "decoding": str(fc.get("decoding") or "greedy"),  # the verdict's decoding (eval_decide_sampling)
-        "greedy": sampled_words(mapping(fc.get("greedy")), mapping(off.get("greedy")))
-        if fc.get("decoding") == "sampled" else "",
-        "served": served_words(mapping(fc.get("served_checkpoint"))),
-        "reasons": [str(r) for r in fc.get("reasons") or []] if isinstance(fc.get("reasons"), list) else [],
-        "history": [{"train_run": h.get("train_run"), "forecast": pct(h.get("forecast_rate")),
-                     "eval": pct(h.get("eval_rate")), "error": "" if num(h.get("error")) is None
-                     else f"{100 * num(h.get('error')):+.1f} pts", "source": str(h.get("source") or ""),
-                     # the headline is the decoding the eval decided on; the other decoding's triple beside
-                     "decoding": str(h.get("decoding") or "greedy"), "other": other_decoding(h),
-                     "other_forecast": pct(h.get(f"forecast_{other_decoding(h)}_rate")),
-                     "other_eval": pct(h.get(f"eval_{other_decoding(h)}_rate")),
-                     "other_error": "" if num(h.get(f"{other_decoding(h)}_error")) is None
-                     else f"{100 * num(h.get(f'{other_decoding(h)}_error')):+.1f} pts"}
+        "present": fc.acceptance_rate is not None,
+        "verdict": fc.verdict or "", "css": (fc.verdict or "").lower().replace("_", "-"),
+        "acceptance_rate": pct(fc.acceptance_rate), "mean_acceptance_length": fixed(fc.mean_acceptance_length),
+        "speedup": fixed(fc.speedup, "×"),
+        "source": fc.source or "", "source_words": SOURCE_WORDS.get(str(fc.source), ""),
+        "checkpoints": fc.checkpoints, "run": fc.run,
+        "age": fmt_duration(max(0.0, now - fc.made_at)) if fc.made_at is not None else "",
+        "made": fmt_clock(fc.made_at, now),
+        "offline": pct(off.acceptance_rate) if off else "",
+        "sampled": sampled_words(fc.sampled, off.sampled if off else None),
+        "decoding": fc.decoding or "greedy",  # the verdict's decoding (eval_decide_sampling)
+        "greedy": sampled_words(fc.greedy, off.greedy if off else None) if fc.decoding == "sampled" else "",
+        "served": served_words(fc.served_checkpoint),
+        "reasons": list(fc.reasons),
+        # the headline is the decoding the eval decided on; the other decoding's triple beside
+        "history": [{"train_run": h.train_run, "forecast": pct(h.forecast_rate), "eval": pct(h.eval_rate),
+                     "error": points(h.error), "source": h.source or "", "decoding": h.decoding or "greedy",
+                     "other": h.other, "other_forecast": pct(h.by_decoding[h.other][0]),
+                     "other_eval": pct(h.by_decoding[h.other][1]), "other_error": points(h.by_decoding[h.other][2])}
                     for h in hist],
     }
 
 
 # -- the outcome (status_web/outcome.py) ----------------------------------------------------------
 
-def pct(v: Any, digits: int = 1) -> str:
-    v = num(v)
+def pct(v: float | None, digits: int = 1) -> str:
     return "" if v is None else f"{100 * v:.{digits}f}%"
 
 
-def outcome_view(out: Any, now: float) -> dict:
+def outcome_view(out: Outcome, now: float) -> dict:
     """The banner's words and figures, and the history table's rows."""
-    out = mapping(out)
-    verdict = str(out.get("verdict") or "NOT MEASURED")
-    speedup, mal = num(out.get("speedup")), num(out.get("mean_acceptance_length"))
-    positions = [num(p) for p in out.get("per_position") or [] if num(p) is not None] \
-        if isinstance(out.get("per_position"), list) else []
+    verdict = out.verdict or "NOT MEASURED"
+    spec, base = out.spec_tokens_per_s, out.baseline_tokens_per_s
     return {
         "verdict": verdict, "css": verdict.lower().replace(" ", "-"),
-        "reasons": [str(r) for r in out.get("reasons") or []] if isinstance(out.get("reasons"), list) else [],
-        "measured": bool(out.get("measured")), "eval_run": out.get("eval_run"),
-        "acceptance_rate": pct(out.get("acceptance_rate")),
-        "mean_acceptance_length": "" if mal is None else f"{mal:.2f}",
-        "per_position": [{"i": i + 1, "pct": pct(p, 0), "ratio": max(0.0, min(1.0, p))} for i, p in enumerate(positions)],
-        "speedup": "" if speedup is None else f"{speedup:.2f}×",
-        "tokens": (f"{num(out.get('spec_tokens_per_s')):.1f} tok/s with the drafter vs "
-                   f"{num(out.get('baseline_tokens_per_s')):.1f} without")
-        if num(out.get("spec_tokens_per_s")) is not None and num(out.get("baseline_tokens_per_s")) is not None else "",
-        "coverage": pct(out.get("coverage")),
-        "decided_at": (f"concurrency {mapping(out.get('decided_at')).get('concurrency')}, "
-                       f"{mapping(out.get('decided_at')).get('sampling')}") if mapping(out.get("decided_at")) else "",
-        "sweep": [{"sampling": str(r.get("sampling") or ""), "concurrency": r.get("concurrency"),
-                   "speedup": "" if num(r.get("speedup")) is None else f"{num(r.get('speedup')):.2f}×",
-                   "spread": "" if num(r.get("speedup_min")) is None or num(r.get("speedup_max")) is None
-                   else f"{num(r.get('speedup_min')):.2f}–{num(r.get('speedup_max')):.2f}",
-                   "tokens": f"{num(r.get('spec_tokens_per_s')) or 0:.1f} vs {num(r.get('baseline_tokens_per_s')) or 0:.1f}",
-                   "acceptance_rate": pct(r.get("acceptance_rate")), "same": str(r.get("same") or "—"),
-                   "verdict": str(r.get("verdict") or "")}
-                  for r in out.get("sweep") or [] if isinstance(r, dict)] if isinstance(out.get("sweep"), list) else [],
-        "finished": fmt_clock(num(out.get("finished_at")), now),
-        "took": fmt_duration(num(out.get("took_s"))) if num(out.get("finished_at")) is not None else "",
-        "history": [{"run_id": h.get("run_id"), "ended": fmt_clock(ts(h.get("ended_at")), now),
-                     "verdict": str(h.get("verdict") or ""), "acceptance_rate": pct(h.get("acceptance_rate")),
-                     "mean_acceptance_length": "" if num(h.get("mean_acceptance_length")) is None
-                     else f"{num(h.get('mean_acceptance_length')):.2f}",
-                     "speedup": "" if num(h.get("speedup")) is None else f"{num(h.get('speedup')):.2f}×"}
-                    for h in out.get("history") or [] if isinstance(h, dict)]
-        if isinstance(out.get("history"), list) else [],
+        "reasons": list(out.reasons), "measured": out.measured, "eval_run": out.eval_run,
+        "acceptance_rate": pct(out.acceptance_rate), "mean_acceptance_length": fixed(out.mean_acceptance_length),
+        "per_position": [{"i": i + 1, "pct": pct(p, 0), "ratio": max(0.0, min(1.0, p))}
+                         for i, p in enumerate(out.per_position)],
+        "speedup": fixed(out.speedup, "×"),
+        "tokens": f"{spec:.1f} tok/s with the drafter vs {base:.1f} without" if spec is not None and base is not None
+        else "",
+        "coverage": pct(out.coverage),
+        "decided_at": f"concurrency {out.decided_at[0]}, {out.decided_at[1]}" if out.decided_at else "",
+        "sweep": [{"sampling": r.sampling or "", "concurrency": r.concurrency, "speedup": fixed(r.speedup, "×"),
+                   "spread": "" if r.speedup_min is None or r.speedup_max is None
+                   else f"{r.speedup_min:.2f}–{r.speedup_max:.2f}",
+                   "tokens": f"{r.spec_tokens_per_s or 0:.1f} vs {r.baseline_tokens_per_s or 0:.1f}",
+                   "acceptance_rate": pct(r.acceptance_rate), "same": r.same or "—", "verdict": r.verdict or ""}
+                  for r in out.sweep],
+        "finished": fmt_clock(out.finished_at, now),
+        "took": fmt_duration(out.took_s) if out.finished_at is not None else "",
+        "history": [{"run_id": h.run_id, "ended": fmt_clock(ts(h.ended_at), now), "verdict": h.verdict or "",
+                     "acceptance_rate": pct(h.acceptance_rate), "mean_acceptance_length": fixed(h.mean_acceptance_length),
+                     "speedup": fixed(h.speedup, "×")} for h in out.history],
     }
 
 
@@ -455,7 +406,7 @@ def _timeline_row(stage: StageStatus, rs: RunStatus | None, ends: dict, now: flo
     segs = []
     note = ""
     start = ts(run.started_at) if run else None
-    submitted = ts(mapping(run.slurm).get("submitted_at")) if run else None
+    submitted = ts(rs.slurm.submitted_at) if rs and rs.slurm else None
     queue_end = start if start is not None else (now if state == RunState.PENDING else None)
     if submitted is not None and queue_end is not None and queue_end > submitted:
         # queue time is its own segment: Slurm's wait is not the stage's work
@@ -465,7 +416,7 @@ def _timeline_row(stage: StageStatus, rs: RunStatus | None, ends: dict, now: flo
     again = stage.eta
     fin = again.finish if again else None
     if run and start is not None and state in FINAL:
-        end = ts(run.ended_at) or start + (num(run.duration_s) or 0)
+        end = ts(run.ended_at) or start + (run.duration_s or 0)
         segs.append({"kind": str(state), "start": start, "end": end,
                      "tip": f"{name}: {state}, {fmt_duration(end - start)}"})
         ends[name] = end if state == RunState.COMPLETED else now
@@ -605,29 +556,31 @@ def phases_view(log_state: LogState | Any) -> list[dict]:
              "ended_line": p.ended_line} for p in (ls.phases if ls else ())]
 
 
-def preflight_view(run: dict) -> list[dict]:
+def preflight_view(rs: RunStatus) -> list[dict]:
     """Preflight results (eaglelab.control.preflight.as_dicts: name, ok, detail, fix), when the run record or
     its state carries them."""
-    raw = run.get("preflight") or mapping(run.get("log_state")).get("preflight")
-    if isinstance(raw, dict):
-        raw = raw.get("checks") or [{"check": k, **(v if isinstance(v, dict) else {"ok": bool(v)})}
-                                    for k, v in raw.items()]
-    out = []
-    for c in raw if isinstance(raw, list) else []:
-        if isinstance(c, dict):
-            ok = c.get("ok")
-            out.append({"check": str(c.get("check") or c.get("name") or "?"), "ok": ok,
-                        "verdict": {True: "PASS", False: "FAIL"}.get(ok, "WARN") if isinstance(ok, bool) or ok is None
-                        else "?", "message": str(c.get("message") or c.get("detail") or ""),
-                        "fix": str(c.get("fix") or "")})
-    return out
+    return [{"check": c.check, "ok": c.ok, "verdict": c.verdict, "message": c.message, "fix": c.fix}
+            for c in rs.preflight]
 
 
-def exit_view(run: dict) -> str:
-    state = run.get("state")
-    if state in (RunState.RUNNING, RunState.PENDING):
-        return f"{state} (pid {run.get('pid')})" if run.get("pid") else str(state)
-    return f"{state}: {exit_text(run) or 'exit code 0'}" + (" (stop requested)" if run.get("stop_requested") else "")
+def run_view(rs: RunStatus, now: float) -> dict:
+    """A run's page, less its log tail and the charts' drawing: phases, metrics (plots and constants),
+    preflight, how it stands or ended, its cell, times."""
+    r = rs.run
+    plots, constants = split_metrics(metric_series(rs.log))
+    return {"phases": phases_view(rs.log), "plots": plots, "constants": constants,
+            "preflight": preflight_view(rs), "exit": exit_view(rs),
+            "cell": cell(StageStatus(r.stage, r.host, StageState(r.state)), rs, {}, now),
+            "started": fmt_clock(ts(r.started_at), now), "ended": fmt_clock(ts(r.ended_at), now),
+            "duration": fmt_duration(r.duration_s), "note": state_file_note(rs)}
+
+
+def exit_view(run: RunStatus | dict) -> str:
+    """How a run stands or ended, in words ("killed: signal 15 (stop requested)")."""
+    r = _run_of(run, 0.0).run
+    if r.state in ACTIVE:
+        return f"{r.state} (pid {r.pid})" if r.pid else str(r.state)
+    return f"{r.state}: {exit_text(r) or 'exit code 0'}" + (" (stop requested)" if r.stop_requested else "")
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b.")
@@ -643,30 +596,31 @@ def log_tail(data: bytes, lines: int = 60) -> list[str]:
     return [ln[:2000] for ln in shown[-lines:]]
 
 
-def gpus_view(host: dict) -> list[dict]:
+def gpus_view(host: HostStatus) -> list[dict]:
     """Each GPU: utilisation, memory, and the runs holding it (hostside.mark_gpu_holders)."""
     out = []
-    for g in host.get("gpus") or [] if isinstance(host.get("gpus"), list) else []:
-        if not isinstance(g, dict):
-            continue
-        used, total = num(g.get("memory_used_mib")), num(g.get("memory_total_mib"))
-        util = num(g.get("utilization_pct"))
-        runs = [str(r) for r in g.get("runs") or []] if isinstance(g.get("runs"), list) else []
-        others = num(g.get("other_processes"))
-        out.append({"index": g.get("index"), "name": str(g.get("name") or "GPU"),
+    for g in host.gpus or ():
+        used, total, util = g.memory_used_mib, g.memory_total_mib, g.utilization_pct
+        out.append({"index": g.index, "name": g.name,
                     "util": util, "util_ratio": None if util is None else max(0.0, min(1.0, util / 100)),
                     "mem": f"{used / 1024:.1f} / {total / 1024:.1f} GiB" if used is not None and total
                     else "", "mem_ratio": (used / total) if used is not None and total else None,
-                    "runs": runs, "others": int(others) if others else 0,
-                    "holders_known": "runs" in g})
+                    "runs": list(g.runs or ()), "others": g.other_processes, "holders_known": g.runs is not None})
     return out
 
 
-def load_view(load: Any) -> str:
+def load_view(load: tuple[float, ...] | None) -> str:
     """The 1/5/15-minute load averages, or "" when the host did not say."""
-    if not isinstance(load, list) or len(load) != 3 or any(num(v) is None for v in load):
-        return ""
-    return " · ".join(f"{num(v):.2f}" for v in load)
+    return " · ".join(f"{v:.2f}" for v in load) if load else ""
+
+
+def host_view(host: HostStatus, status: Status, now: float) -> dict:
+    """A host of the hosts page: how it is reached and stands, its GPUs, load, disk and runs."""
+    return {"name": host.name, "reach": host.reach, "reachable": host.reachable, "error": host.error,
+            "gpus": host.gpus, "gpus_configured": host.gpus_configured, "gpu_rows": gpus_view(host),
+            "since": fmt_clock(ts(host.unreachable_since), now), "checked": fmt_clock(ts(host.checked_at), now),
+            "disk": fmt_bytes(host.free_disk_bytes), "load_text": load_view(host.load),
+            "running": running_on(status, host.name)}
 
 
 def running_on(status: Status, host: Any) -> list[dict]:

@@ -13,7 +13,9 @@ import re
 from typing import Any
 
 from eaglelab.fsutil import parse_iso
-from eaglelab.model import FINAL, RunState, StageState
+from eaglelab.lab_status import Status
+from eaglelab.logstate import LogState
+from eaglelab.model import FINAL, Run, RunState, StageState
 
 LOG_BYTES = 256 * 1024  # the summary lines are at the end of short logs
 HISTORY = 20
@@ -100,20 +102,20 @@ class OutcomeReader:
                 kinds[name] = "vocab"
         return kinds
 
-    def figures(self, run: dict, kind: str, unreachable: set[str]) -> dict | None:
-        rid = run.get("id")
+    def figures(self, run: Run, kind: str, unreachable: set[str]) -> dict | None:
+        rid = run.id
         if rid in self.parsed:
             return self.parsed[rid]
-        if run.get("host") in unreachable:
+        if run.host in unreachable:
             return None  # asked again when the host is back
         try:
-            data = self.lab.executor(run["host"]).read_log(rid, 0, 16 * LOG_BYTES)[-LOG_BYTES:]
+            data = self.lab.executor(run.host).read_log(rid, 0, 16 * LOG_BYTES)[-LOG_BYTES:]
         except Exception:  # noqa: BLE001 - a log we cannot read is asked for again next refresh
             return None
         text = data.decode("utf-8", "replace")
         figs = parse_eval(text) if kind == "eval" else (
             {"coverage": c} if (c := parse_coverage(text)) is not None else None)
-        if run.get("state") in FINAL:
+        if run.state in FINAL:
             self.parsed[rid] = figs
         return figs
 
@@ -122,59 +124,64 @@ class OutcomeReader:
         return status
 
 
-def outcome(status: dict, kinds: dict[str, str], figures) -> dict:
+def outcome(status: Status | dict, kinds: dict[str, str], figures) -> dict:
     """The verdict and figures of the latest eval run, coverage of the latest vocab run, and one
     history row per finished eval run (newest first). `figures(run, kind, unreachable)` reads a log."""
-    unreachable = {h.get("name") for h in status.get("hosts") or [] if isinstance(h, dict) and h.get("reachable") is False}
-    runs = [r for r in status.get("runs") or [] if isinstance(r, dict) and r.get("stage") in kinds]
-    evals = [r for r in runs if kinds[r["stage"]] == "eval" and r.get("state") in FINAL]
-    vocabs = [r for r in runs if kinds[r["stage"]] == "vocab" and r.get("state") == RunState.COMPLETED]
+    st = _read(status)
+    unreachable = {h.name for h in st.hosts if h.reachable is False}
+    runs = [rs.run for rs in st.runs if rs.run.stage in kinds]
+    evals = [r for r in runs if kinds[r.stage] == "eval" and r.state in FINAL]
+    vocabs = [r for r in runs if kinds[r.stage] == "vocab" and r.state == RunState.COMPLETED]
     coverage = next(((f or {}).get("coverage") for r in reversed(vocabs)
                      if (f := figures(r, "vocab", unreachable)) is not None), None)
     history = []
     for r in reversed(evals[-HISTORY:]):
         figs = figures(r, "eval", unreachable)
-        history.append({"run_id": r["id"], "state": r.get("state"), "ended_at": r.get("ended_at"),
+        history.append({"run_id": r.id, "state": r.state.value, "ended_at": r.ended_at,
                         "verdict": headline((figs or {}).get("verdict")), **({k: figs.get(k) for k in (
                             "acceptance_rate", "mean_acceptance_length", "speedup")} if figs else {})})
     latest = evals[-1] if evals else None
     figs = figures(latest, "eval", unreachable) if latest else None
     if figs:
         return {**figs, "verdict": headline(figs["verdict"]), "eval_verdict": figs["verdict"], "coverage": coverage,
-                "eval_run": latest["id"], "measured": True, "history": history, **finished(status)}
+                "eval_run": latest.id, "measured": True, "history": history, **finished(st)}
     if latest is None:
-        running = any(r.get("state") in (RunState.RUNNING, RunState.PENDING) for r in runs if kinds[r["stage"]] == "eval")
+        running = any(r.state in (RunState.RUNNING, RunState.PENDING) for r in runs if kinds[r.stage] == "eval")
         why = "eval is running" if running else ("no eval stage in this pipeline" if "eval" not in kinds.values()
                                                  else "eval has not run yet")
     else:
-        why = f"the last eval run ({latest['id']}) {latest.get('state')} without a summary"
-        fail = ((latest.get("log_state") or {}).get("failure") or {}) if isinstance(latest.get("log_state"), dict) else {}
-        if isinstance(fail, dict) and fail.get("message"):
+        why = f"the last eval run ({latest.id}) {latest.state} without a summary"
+        log = LogState.from_json(latest.log_state)
+        fail = (log.failure if log else None) or {}
+        if fail.get("message"):
             why += f": {fail.get('reason')}: {fail['message']}"
     return {"verdict": "NOT MEASURED", "reasons": [why], "coverage": coverage, "measured": False,
-            "eval_run": latest["id"] if latest else None, "history": history, **finished(status)}
+            "eval_run": latest.id if latest else None, "history": history, **finished(st)}
+
+
+def _read(status: Status | dict) -> Status:
+    """The status object (the app's refresher hands over the JSON it is about to publish)."""
+    return status if isinstance(status, Status) else Status.from_json(status, 0.0)
 
 
 def headline(verdict: str | None) -> str:
     return HEADLINE.get(verdict or "", verdict or "NOT MEASURED")
 
 
-def finished(status: dict) -> dict:
+def finished(status: Status | dict) -> dict:
     """When the pipeline's latest runs ended and how long they took, first start to last end; only
     once nothing of it is running or waiting."""
-    latest = {r.get("id"): r for r in status.get("runs") or [] if isinstance(r, dict)}
+    st = _read(status)
     ends, starts = [], []
-    for s in status.get("stages") or []:
-        if not isinstance(s, dict):
-            continue
-        if s.get("state") in (RunState.RUNNING, StageState.STALLED, StageState.UNREACHABLE):
-            if s.get("kind") == "service":
+    for s in st.stages:
+        if s.state in (RunState.RUNNING, StageState.STALLED, StageState.UNREACHABLE):
+            if s.kind == "service":
                 continue  # a service left up does not keep the pipeline from being done
             return {"finished_at": None, "took_s": None}
-        r = latest.get(s.get("latest_run"))
-        if r is None or s.get("kind") == "service":
+        rs = st.run(s.latest_run)
+        if rs is None or s.kind == "service":
             continue
-        a, b = _ts(r.get("started_at")), _ts(r.get("ended_at"))
+        a, b = _ts(rs.run.started_at), _ts(rs.run.ended_at)
         if a is not None:
             starts.append(a)
         if b is not None:
@@ -184,8 +191,8 @@ def finished(status: dict) -> dict:
     return {"finished_at": max(ends), "took_s": max(ends) - min(starts) if starts else None}
 
 
-def _ts(v) -> float | None:
+def _ts(v: str | None) -> float | None:
     try:
-        return parse_iso(v) if isinstance(v, str) else None
+        return parse_iso(v)
     except ValueError:
         return None

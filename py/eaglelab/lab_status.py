@@ -114,6 +114,19 @@ class RunStatus(NamedTuple):
         """The main bar of its log (logstate.Progress), or None."""
         return self.log.progress if self.log else None
 
+    @property
+    def preflight(self) -> tuple:
+        """Its preflight results (run_details.PreflightCheck), from the record or its log state."""
+        from .run_details import PreflightCheck
+        raw = self.run.extra.get("preflight") or (self.log.extra.get("preflight") if self.log else None)
+        return PreflightCheck.all_from_json(raw)
+
+    @property
+    def slurm(self):
+        """Its place in a Slurm queue (run_details.SlurmJob), None on another kind of host."""
+        from .run_details import SlurmJob
+        return SlurmJob.from_json(self.run.slurm)
+
 
 class StageStatus(NamedTuple):
     """One stage of the pipeline as the status shows it: its display state (None when the record's
@@ -142,8 +155,8 @@ class StageStatus(NamedTuple):
 @dataclass(frozen=True)
 class Status:
     """The lab: runs, stages, hosts and the pipeline's estimate, read from the schema-1 document
-    when first asked for. `hosts` and the pipeline's other blocks (forecast, side jobs, services,
-    outcome) stay JSON objects: the page formats them through readers of their own."""
+    when first asked for, each part typed: hosts (host_status), the forecast, side jobs, outcome and
+    configuration notice (pipeline_status), a run's preflight and Slurm place (run_details)."""
 
     json: dict = field(repr=False)  # the document, as collect made it (to_json's answer)
     now: float = 0.0  # the time the relative encodings (eta_s) are read against
@@ -170,8 +183,48 @@ class Status:
         return tuple(s for s in (StageStatus.from_json(d, self.now) for d in self._each("stages")) if s is not None)
 
     @cached_property
-    def hosts(self) -> tuple[dict, ...]:
-        return tuple(h for h in self._each("hosts") if isinstance(h, dict))
+    def hosts(self) -> tuple:
+        """Each host (host_status.HostStatus)."""
+        from .host_status import HostStatus
+        return tuple(h for h in map(HostStatus.from_json, self._each("hosts")) if h is not None)
+
+    def host(self, name: str | None):
+        """A host by name (host_status.HostStatus), or None."""
+        return next((h for h in self.hosts if h.name == name), None)
+
+    # The pipeline's other blocks (pipeline_status), each read once when a page first asks.
+
+    @cached_property
+    def forecast(self):
+        """pipeline.forecast (pipeline_status.Forecast), None before any evidence."""
+        from .pipeline_status import Forecast
+        return Forecast.from_json(self.block("pipeline").get("forecast"))
+
+    @cached_property
+    def forecast_history(self) -> tuple:
+        """pipeline.forecast_history: past forecasts against the eval (pipeline_status.ForecastCheck)."""
+        from .pipeline_status import ForecastCheck
+        rows = self.block("pipeline").get("forecast_history")
+        return tuple(h for h in map(ForecastCheck.from_json, rows if isinstance(rows, list) else []) if h is not None)
+
+    @cached_property
+    def side_jobs(self) -> tuple:
+        """pipeline.side_jobs (pipeline_status.SideJob)."""
+        from .pipeline_status import SideJob
+        rows = self.block("pipeline").get("side_jobs")
+        return tuple(j for j in map(SideJob.from_json, rows if isinstance(rows, list) else []) if j is not None)
+
+    @cached_property
+    def outcome(self):
+        """The page's outcome block (pipeline_status.Outcome), None when the status has none."""
+        from .pipeline_status import Outcome
+        return Outcome.from_json(self.json["outcome"]) if self.json.get("outcome") is not None else None
+
+    @cached_property
+    def config(self):
+        """The page's configuration notice (pipeline_status.ConfigNote), None without one."""
+        from .pipeline_status import ConfigNote
+        return ConfigNote.from_json(self.json.get("config"))
 
     @cached_property
     def pipeline(self) -> Estimate | None:

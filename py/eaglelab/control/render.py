@@ -155,21 +155,20 @@ def print_status(status: Status | dict, show_all: bool = False, console: Console
         hosts.add_column(col, no_wrap=True)
     hosts.add_column("GPUs", overflow="fold")
     for h in st.hosts:
-        if h.get("reachable") is None:
+        if h.reachable is None:
             state = "[dim]not contacted yet[/]"
-        elif h["reachable"]:
+        elif h.reachable:
             state = "ok"
         else:
-            state = f"[magenta]unreachable since {esc(fmt_clock(h['unreachable_since']))}[/]"
-        gpus = h.get("gpus")
-        gtxt = "none" if gpus is None else ", ".join(
-            f"{g.get('utilization_pct') or 0:.0f}% {(g.get('memory_used_mib') or 0) / 1024:.0f}/"
-            f"{(g.get('memory_total_mib') or 0) / 1024:.0f}G" for g in gpus)
-        hosts.add_row(esc(h["name"]), esc(h["reach"]), state, esc(gtxt))
+            state = f"[magenta]unreachable since {esc(fmt_clock(h.unreachable_since))}[/]"
+        gtxt = "none" if h.gpus is None else ", ".join(
+            f"{g.utilization_pct or 0:.0f}% {(g.memory_used_mib or 0) / 1024:.0f}/"
+            f"{(g.memory_total_mib or 0) / 1024:.0f}G" for g in h.gpus)
+        hosts.add_row(esc(h.name), esc(h.reach), state, esc(gtxt))
     console.print(hosts)
     for h in st.hosts:
-        for bad in h.get("bad_runs") or []:  # skipped, never fatal: say which and why
-            console.print(f"[yellow]{esc(h['name'])}: skipped a run directory:[/] {esc(bad.get('error'))}",
+        for bad in h.bad_runs:  # skipped, never fatal: say which and why
+            console.print(f"[yellow]{esc(h.name)}: skipped a run directory:[/] {esc(bad.get('error'))}",
                           soft_wrap=True)
     id_width = max([len(r.run.id) for r in st.runs] + [3])
     # Narrow terminals (an 80-column ssh window, a tmux split): three columns, two lines a stage:
