@@ -136,3 +136,31 @@ def test_the_log_state_and_its_progress_are_read_once_garbled_fields_as_absent(p
     assert LogState.from_json([1, 2]) is None
     view = web.progress_view({"progress": progress})
     assert (view is None) == (p is None)
+
+
+FAILED_RUN = {"id": "train-20261204T100000-ab12", "stage": "train", "host": "gpu1", "state": "failed", "profile": "demo",
+              "exit_code": 1, "signal": None, "started_at": "2026-12-04T10:00:00.000Z",
+              "ended_at": "2026-12-04T11:02:05.000Z", "duration_s": 3725.0, "heartbeat_at": "2026-12-04T11:02:00.000Z",
+              "log_state": {"state": "failed", "failure": {"reason": "cuda_oom", "message": "CUDA out of memory",
+                                                           "line": 812}}}
+
+
+def test_a_stage_events_payload_is_built_from_the_typed_run_and_pinned():
+    """The `failed` webhook body, byte for byte (keys in order): what the registry's observer queues
+    from the typed Run, and the same from the registry's record."""
+    run = Run.from_json(dict(FAILED_RUN))
+    payload = notify.stage_payload("failed", run, "http://lab:8765/", 1796385600.0)
+    assert json.dumps(payload) == (
+        '{"schema": 1, "event": "failed", "stage": "train", "host": "gpu1", "run_id": "train-20261204T100000-ab12", '
+        '"state": "failed", "profile": "demo", "duration_s": 3725.0, "started_at": "2026-12-04T10:00:00.000Z", '
+        '"ended_at": "2026-12-04T11:02:05.000Z", "exit_code": 1, "signal": null, '
+        '"failure": {"reason": "cuda_oom", "message": "CUDA out of memory", "line": 812}, '
+        '"reason": "cuda_oom: CUDA out of memory", "status_url": "http://lab:8765/", '
+        '"text": "train failed on gpu1 after 1h 02m: cuda_oom: CUDA out of memory", "at": "2026-12-04T12:00:00.000Z"}')
+    assert notify.stage_payload("failed", dict(FAILED_RUN), "http://lab:8765/", 1796385600.0) == payload
+    stalled = Run.from_json({**FAILED_RUN, "state": "running", "exit_code": None,
+                             "log_state": {"state": "stalled", "stall": {"message": " no new line for 20 min "}}})
+    got = notify.stage_payload("stalled", stalled, None, 1796385600.0)
+    assert (got["state"], got["reason"], got["failure"], got["text"]) == (
+        "running", "no new line for 20 min", None, "train stalled on gpu1 (running for 1h 02m): no new line for 20 min")
+    assert notify.events_for(Run.from_json({**FAILED_RUN, "state": "running", "log_state": None}), stalled) == ["stalled"]

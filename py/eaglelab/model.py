@@ -299,10 +299,10 @@ def exit_text(run: "dict | Run") -> str:
     return ""
 
 
-def how_it_ended(run: dict) -> str | None:
+def how_it_ended(run: "dict | Run") -> str | None:
     """Why a run ended as it did, for people: the parser's diagnosis when there is one, else the
     exit status in words; None when there is nothing to say."""
-    ls = run.get("log_state")
+    ls = run.log_state if isinstance(run, Run) else run.get("log_state")
     failure = ls.get("failure") if isinstance(ls, dict) else None
     if isinstance(failure, dict):
         msg = (failure.get("message") or "").strip()

@@ -32,7 +32,9 @@ from urllib.parse import urlsplit
 
 from eaglelab.figures import human_duration as _human
 from eaglelab.host.settle import is_failure
-from eaglelab.model import ACTIVE, RunState, StageState, how_it_ended
+from eaglelab.lab_status import read_run
+from eaglelab.logstate import LogState
+from eaglelab.model import ACTIVE, Run, RunState, StageState, how_it_ended
 from eaglelab.side_jobs import SMOKE_PREFIX  # smoke-<stage>: the next stage's smoke test (a side job)
 
 EVENTS = ("completed", "failed", "stalled", "pipeline_finished", "gate_failed")
@@ -58,60 +60,69 @@ CREATE INDEX IF NOT EXISTS notify_deliveries_state ON notify_deliveries(state, u
 
 # -- what happened (pure) -----------------------------------------------------------------------
 
-def events_for(before: dict | None, now: dict) -> list[str]:
+def run_of(record: Run | dict | None) -> Run | None:
+    """The typed run of a registry record (what the registry's observers hand over; tests pass
+    records too): a field of the wrong type reads as absent; None for no run (no known state)."""
+    return record if isinstance(record, Run) or record is None else read_run(record)
+
+
+def _log_state(run: Run) -> str | None:
+    return run.log_state.get("state") if run.log_state else None
+
+
+def events_for(before: Run | dict | None, now: Run | dict) -> list[str]:
     """The events a change of one run's record means. A run first seen already ended is history
     (a rebuilt registry, another controller's run), not news: no event."""
-    if before is None:
+    before, now = run_of(before), run_of(now)
+    if before is None or now is None:
         return []
-    was, is_ = before.get("state"), now.get("state")
     events = []
-    if was in ACTIVE and is_ == RunState.COMPLETED:
+    if before.state in ACTIVE and now.state == RunState.COMPLETED:
         events.append("completed")
-    elif was in ACTIVE and is_failure(now):  # failed, or lost: as eaglelab.host.settle decided it
+    elif before.state in ACTIVE and is_failure(now):  # failed, or lost: as eaglelab.host.settle decided it
         events.append("failed")
-    was_stalled = ((before.get("log_state") or {}).get("state") == StageState.STALLED)
-    if is_ in ACTIVE and (now.get("log_state") or {}).get("state") == StageState.STALLED and not was_stalled:
+    if now.state in ACTIVE and _log_state(now) == StageState.STALLED and _log_state(before) != StageState.STALLED:
         events.append("stalled")
     return events
 
 
-def failure_text(run: dict) -> str | None:
+def failure_text(run: Run) -> str | None:
     """Why a run failed: the parser's diagnosis when there is one, else how the process ended."""
     return how_it_ended(run)
 
 
-def stall_text(run: dict) -> str:
+def stall_text(run: Run) -> str:
     """Why the tailer thinks a run is stuck (its `stall` diagnosis), or a plain default."""
-    stall = (run.get("log_state") or {}).get("stall") or {}
-    return (stall.get("message") or "").strip() or "no progress in its log"
+    log = LogState.from_json(run.log_state)
+    return (log.stall_message if log else "").strip() or "no progress in its log"
 
 
 def human_duration(s: float | None) -> str:
     return _human(s) if s is not None else "?"
 
 
-def stage_payload(event: str, run: dict, status_url: str, now: float) -> dict:
-    """The generic body of a stage event (schema 1); the other formats are made from it."""
+def stage_payload(event: str, run: Run | dict, status_url: str, now: float) -> dict:
+    """The generic body of a stage event (schema 1), from the typed run; the other formats are made
+    from it. Its fields are the run's as the registry stored them (docs/operations.md, "Notifications")."""
     from eaglelab.fsutil import utcnow_iso
+    run = run_of(run)
     reason = failure_text(run) if event == RunState.FAILED else stall_text(run) if event == StageState.STALLED else None
-    stage, host, dur = run.get("stage"), run.get("host"), run.get("duration_s")
+    stage, host, dur = run.stage, run.host, run.duration_s
     if event == RunState.COMPLETED:
         text = f"{stage} completed on {host} in {human_duration(dur)}"
     elif event == RunState.FAILED and str(stage).startswith(SMOKE_PREFIX):  # the next stage's failure, found early
         text = (f"{stage[len(SMOKE_PREFIX):]} will fail: its smoke test failed on {host} after "
-                f"{human_duration(dur)}: {reason or run.get('state')}")
+                f"{human_duration(dur)}: {reason or run.state}")
     elif event == RunState.FAILED and stage == "engine_check" and "engine-path alarm" in (reason or ""):
         text = f"ENGINE-PATH ALARM on {host} while synth runs: {reason}"  # docs/foresight.md, "The engine check"
     elif event == RunState.FAILED:
-        text = f"{stage} failed on {host} after {human_duration(dur)}: {reason or run.get('state')}"
+        text = f"{stage} failed on {host} after {human_duration(dur)}: {reason or run.state}"
     else:
         text = f"{stage} stalled on {host} (running for {human_duration(dur)}): {reason}"
-    ls = run.get("log_state") or {}
-    return {"schema": 1, "event": event, "stage": stage, "host": host, "run_id": run.get("id"),
-            "state": run.get("state"), "profile": run.get("profile"), "duration_s": dur,
-            "started_at": run.get("started_at"), "ended_at": run.get("ended_at"),
-            "exit_code": run.get("exit_code"), "signal": run.get("signal"),
-            "failure": ls.get("failure"), "reason": reason, "status_url": status_url, "text": text,
+    return {"schema": 1, "event": event, "stage": stage, "host": host, "run_id": run.id,
+            "state": run.state.value, "profile": run.profile, "duration_s": dur,
+            "started_at": run.started_at, "ended_at": run.ended_at, "exit_code": run.exit_code, "signal": run.signal,
+            "failure": (run.log_state or {}).get("failure"), "reason": reason, "status_url": status_url, "text": text,
             **({"smoke_of": stage[len(SMOKE_PREFIX):]} if str(stage).startswith(SMOKE_PREFIX) else {}),
             **({"alarm": "engine_path"} if text.startswith("ENGINE-PATH ALARM") else {}),
             "at": utcnow_iso(now)}
@@ -232,14 +243,15 @@ class Notifier:
         ensure_schema(self.db_path)
 
     def on_changes(self, changes: list[tuple[dict | None, dict]]) -> None:
-        news = [(event, run) for before, run in changes for event in events_for(before, run)]
+        typed = [(run_of(before), run_of(run)) for before, run in changes]
+        news = [(event, run) for before, run in typed for event in events_for(before, run)]
         if not news:
             return
         ensure_schema(self.db_path)  # the outbox again, if the registry was deleted and rebuilt in place
         queued = False
         for event, run in news:
             payload = stage_payload(event, run, self.cfg.status_url, time.time())
-            queued |= enqueue(self.db_path, f"{run['id']}:{event}", payload, self.cfg.webhooks)
+            queued |= enqueue(self.db_path, f"{run.id}:{event}", payload, self.cfg.webhooks)
         if queued:
             self.kick()
 

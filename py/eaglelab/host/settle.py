@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from eaglelab.model import ACTIVE, FINAL, RunState, StageState, decide_end
+from eaglelab.model import ACTIVE, FINAL, Run, RunState, StageState, decide_end
 
 # Slurm's end state -> (our run state, failure reason or None). The one table; tests/test_slurm_states.py
 # checks every row. COMPLETED, FAILED and CANCELLED defer to jobwrap's exit.json when there is one.
@@ -262,10 +262,13 @@ def vanished(record: Mapping, why: str, now_iso: str) -> dict:
             if isinstance(ls, dict) else ls}
 
 
-def is_failure(run: Mapping) -> bool:
+def is_failure(run: Mapping | Run) -> bool:
     """Whether an ended run ended in a way nobody asked for: failed, or lost (the wrapper vanished,
     its end unknown: a failure until shown otherwise) without a stop asked. A `killed` on request,
-    by TERM/INT, or by Slurm (preempted, cancelled) is not."""
-    state = run.get("state")
-    return state == RunState.FAILED or (state == RunState.KILLED and bool(run.get("lost"))
-                                        and not run.get("stop_requested"))
+    by TERM/INT, or by Slurm (preempted, cancelled) is not. (A record or the typed run: the
+    registry's rows are records, notify's runs typed.)"""
+    if isinstance(run, Run):
+        state, lost, stop = run.state, run.lost, run.stop_requested
+    else:
+        state, lost, stop = run.get("state"), run.get("lost"), run.get("stop_requested")
+    return state == RunState.FAILED or (state == RunState.KILLED and bool(lost) and not stop)
