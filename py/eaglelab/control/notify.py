@@ -33,7 +33,6 @@ from urllib.parse import urlsplit
 from eaglelab.figures import human_duration as _human
 from eaglelab.host.settle import is_failure
 from eaglelab.lab_status import read_run
-from eaglelab.logstate import LogState
 from eaglelab.model import ACTIVE, Run, RunState, StageState, how_it_ended
 from eaglelab.side_jobs import SMOKE_PREFIX  # smoke-<stage>: the next stage's smoke test (a side job)
 
@@ -93,6 +92,7 @@ def failure_text(run: Run) -> str | None:
 
 def stall_text(run: Run) -> str:
     """Why the tailer thinks a run is stuck (its `stall` diagnosis), or a plain default."""
+    from eaglelab.logstate import LogState  # making its classes costs every `lab status` ~2 ms: only on a stall
     log = LogState.from_json(run.log_state)
     return (log.stall_message if log else "").strip() or "no progress in its log"
 
