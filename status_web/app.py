@@ -264,10 +264,9 @@ def _routes(app: Flask, st: WebState, clock: Callable[[], float]) -> None:
 
     @app.get("/stages/<name>")
     def stage_page(name: str):
-        s = current()
-        for stg in s.status.get("stages") or []:
-            if isinstance(stg, dict) and stg.get("name") == name and stg.get("latest_run"):
-                return redirect(url_for("run_page", run_id=stg["latest_run"]))
+        for stg in model.read(current().status, clock()).stages:
+            if stg.name == name and stg.latest_run:
+                return redirect(url_for("run_page", run_id=stg.latest_run))
         abort(404)
 
     # -- API ---------------------------------------------------------------------------------
@@ -377,8 +376,8 @@ def _find_run(status: dict, run_id: str) -> dict | None:
 def _log_tail(st: WebState, status: dict, run: dict) -> tuple[list[str], str]:
     if st.lab is None:
         return [], "no lab: logs are not available"
-    host = next((h for h in status.get("hosts") or [] if isinstance(h, dict) and h.get("name") == run.get("host")), {})
-    if host and host.get("reachable") is False:
+    host = model.read(status, 0.0).host(run.get("host"))
+    if host is not None and host.reachable is False:
         return [], f"host {run.get('host')} is unreachable: the log cannot be read now"
     try:
         size = int(run.get("log_size") or 0)

@@ -133,11 +133,13 @@ def state_file_note(rs: RunStatus) -> str:
 
 
 def _stage_of(stage: StageStatus | dict, now: float) -> StageStatus:
+    """The stage object, or read from its JSON (tests pass a stage's JSON to `cell`)."""
     got = stage if isinstance(stage, StageStatus) else StageStatus.from_json(stage, now)
     return got or StageStatus("None", "None", None)  # not a stage record: a cell of no known state
 
 
 def _run_of(run: RunStatus | dict | None, now: float) -> RunStatus | None:
+    """The run object, or read from its JSON (tests pass a run record to `cell` and `exit_view`)."""
     return run if isinstance(run, RunStatus) or run is None else RunStatus.from_json(run, now)
 
 
@@ -466,7 +468,7 @@ def estimate_sources(status: Status) -> str:
 # -- rate plots -----------------------------------------------------------------------------------
 
 def log_of(log_state: LogState | Any) -> LogState | None:
-    """The log state object: as given, or read once from its JSON (the run page passes JSON)."""
+    """The log state object: as given, or read once from its JSON (tests pass the state JSON)."""
     return log_state if isinstance(log_state, LogState) else LogState.from_json(log_state)
 
 
