@@ -606,7 +606,7 @@ def phases_view(log_state: LogState | Any) -> list[dict]:
 
 
 def preflight_view(run: dict) -> list[dict]:
-    """Preflight results (eaglelab.control.preflight.as_dicts: name, ok, detail, fix), when the run record or
+    """Preflight results (eaglelab.control.pipeline.preflight.as_dicts: name, ok, detail, fix), when the run record or
     its state carries them."""
     raw = run.get("preflight") or mapping(run.get("log_state")).get("preflight")
     if isinstance(raw, dict):
