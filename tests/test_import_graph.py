@@ -5,6 +5,7 @@ functions counted too has the graph a circle."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import REPO
@@ -109,3 +110,25 @@ def test_the_lazy_import_finder_finds_one(tmp_path):
     (tmp_path / "py/eaglelab/a.py").write_text(
         "def f():\n    from . import b\n\n\ndef g():\n    # numpy: only here\n    from .c import d\n")
     assert lazy_imports_without_a_reason(tmp_path) == ["py/eaglelab/a.py:2: from . import b"]
+
+
+NOQA = re.compile(r"#\s*noqa(?::\s*[A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*)?(?P<why>.*)$")
+
+
+def noqa_without_a_reason(root: Path) -> list[str]:
+    """`# noqa` markers with nothing after their codes: each says why the rule does not apply."""
+    found = []
+    files = [p for d in ("py", "status_web", "tests", "bench", "bin") for p in root.joinpath(d).rglob("*.py")]
+    for path in sorted(files):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            m = NOQA.search(line)
+            if m and len(m["why"].strip(" -:—()")) < 3:
+                found.append(f"{path.relative_to(root)}:{n}")
+    return found
+
+
+def test_every_noqa_says_why(tmp_path):
+    assert noqa_without_a_reason(REPO) == []
+    (tmp_path / "py").mkdir()
+    (tmp_path / "py/a.py").write_text("import x  # noqa: F401\nimport y  # noqa: F401 - re-exported\n")
+    assert noqa_without_a_reason(tmp_path) == ["py/a.py:1"]
