@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
 
-from eaglelab.control.forecast import eval_evidence, offline_evidence, ts
+from eaglelab.control.foresight.forecast import eval_evidence, offline_evidence, ts
 from eaglelab.control.lab import Lab
 from eaglelab.stages import acceptance
 

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
 
 from eaglelab import config
-from eaglelab.control import fit
+from eaglelab.control.pipeline import fit
 from eaglelab.sizing import facts as facts_mod
 from eaglelab.sizing import memory
 

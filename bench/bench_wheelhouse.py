@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "py")]
 
-from eaglelab.control import wheelhouse
+from eaglelab.control.transfers import wheelhouse
 
 
 def main() -> None:

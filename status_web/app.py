@@ -20,11 +20,14 @@ from urllib.parse import urlencode
 
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
 
+from eaglelab.control.lab import Lab
+from eaglelab.control.status import collect
 from eaglelab.model import RunState, StageState
 
 from . import metrics as metrics_mod
 from . import model, svg
 from .config_watch import ConfigStale, ConfigWatch
+from .outcome import OutcomeReader
 from .snapshot import ProcessSnapshot, Snapshot, serve_refreshes
 
 LOG_TAIL_BYTES = 64 * 1024
@@ -61,14 +64,11 @@ def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
     a reload takes the profile lab.yaml names then (else the lab's profile stays)."""
     source_given = source is not None
     if lab is None and source is None:
-        from eaglelab.control.lab import Lab
         lab = Lab.load(conf, profile)
         follow_profile = follow_profile or profile is None
     watch = ConfigWatch(lab, profile=None if follow_profile else lab.cfg.profile) if lab is not None else None
     if source is None:
-        from eaglelab.control.status import collect
 
-        from .outcome import OutcomeReader
         readers: dict = {}
 
         def source() -> dict:

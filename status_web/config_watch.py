@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from eaglelab.control.lab import Lab
+from eaglelab.errors import ConfigError, EaglelabError
 from eaglelab.fsutil import read_regular_file, utcnow_iso
 
 
@@ -43,7 +45,6 @@ def public_message(e: Exception) -> str:
     (the whole error goes to the server's stderr for whoever runs it)."""
     import sys
 
-    from eaglelab.errors import ConfigError, EaglelabError
     print(f"lab web: the configuration does not load: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     if isinstance(e, ConfigError):
         return e.public
@@ -139,5 +140,4 @@ class ConfigWatch:
     def _load(self):
         if self._loader is not None:
             return self._loader(str(self.conf_dir), self.profile)
-        from eaglelab.control.lab import Lab
         return Lab.load(str(self.conf_dir), self.profile)

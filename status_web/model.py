@@ -559,7 +559,7 @@ def phases_view(log_state: LogState | Any) -> list[dict]:
 
 
 def preflight_view(rs: RunStatus) -> list[dict]:
-    """Preflight results (eaglelab.control.preflight.as_dicts: name, ok, detail, fix), when the run record or
+    """Preflight results (eaglelab.control.pipeline.preflight.as_dicts: name, ok, detail, fix), when the run record or
     its state carries them."""
     return [{"check": c.check, "ok": c.ok, "verdict": c.verdict, "message": c.message, "fix": c.fix}
             for c in rs.preflight]

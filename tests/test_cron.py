@@ -497,7 +497,7 @@ def test_cron_logs_are_this_users_only(tmplab):
     import stat
     import sys
 
-    from eaglelab.control import cron as cronlib
+    from eaglelab.control.pipeline import cron as cronlib
     tmplab.write_pipeline("""\
         stages:
           hello:

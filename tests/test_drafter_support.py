@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglelab.control import preflight
+from eaglelab.control.pipeline import preflight
 from eaglelab.host import vllm_support
 
 SPECULATORS_090 = {  # what speculators 0.9.0 writes for a llama-arch EAGLE-3 drafter by default

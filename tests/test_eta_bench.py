@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-import bench_eta  # noqa: E402
+import bench_eta  # noqa: E402 - bench/ goes on sys.path just above
 
 PART = ["bench/corpus/real/vllm-38476-b-85shards-drift.log",  # a step up mid-load
         "bench/corpus/real/lvllm-78-48shards.log",            # steady

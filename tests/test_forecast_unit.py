@@ -1,4 +1,4 @@
-"""The forecast (eaglelab.control.forecast) from a run's log metrics and the eval's manifest, on a stub lab:
+"""The forecast (eaglelab.control.foresight.forecast) from a run's log metrics and the eval's manifest, on a stub lab:
 the greedy chain leads an offline forecast and the sampled one stands beside it; the eval's manifest
 is read through the executor of whichever host ran the eval (item 4 of issue 30), and each forecast
 meets its served figure in the history and in `lab summary`'s comparison."""
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from eaglelab.control import forecast
 from eaglelab.control.commands.summary import _versus
+from eaglelab.control.foresight import forecast
 
 T0 = "2026-12-04T08:00:00+00:00"
 

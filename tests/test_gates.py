@@ -10,7 +10,8 @@ import json
 import re
 
 from eaglelab import config
-from eaglelab.control import forecast, gates, notify
+from eaglelab.control import notify
+from eaglelab.control.foresight import forecast, gates
 
 # Prints one acceptance line per "checkpoint" (RATES), then works for WORK seconds and writes its output.
 TRAIN = ("import json, os, sys, time\n"

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TmpLab, wait_for
-from eaglelab.control import cron as cronlib
 from eaglelab.control import notify
-from eaglelab.control.plan import propagate
+from eaglelab.control.pipeline import cron as cronlib
+from eaglelab.control.pipeline.plan import propagate
 from eaglelab.errors import EaglelabError
 from test_cron import Receiver, _kill_drainer
 

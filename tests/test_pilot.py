@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 import foresight_data
 from eaglelab import manifest
-from eaglelab.control.forecast import offline_evidence
+from eaglelab.control.foresight.forecast import offline_evidence
 from eaglelab.host.parse.state import LogState
 from eaglelab.stages import acceptance, pilot
 

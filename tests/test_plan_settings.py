@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglelab.control.plan import key_settings
+from eaglelab.control.pipeline.plan import key_settings
 
 
 @pytest.mark.parametrize("argv, shown", [

@@ -3,7 +3,14 @@ a job keeps its progress and ETA."""
 
 from __future__ import annotations
 
-from eaglelab.control.render import eta_text, progress_text
+import io
+import re
+import time
+
+import pytest
+from rich.console import Console
+
+from eaglelab.control.render import eta_text, print_status, progress_text, stage_eta_text
 
 LOADED = {"label": "Loading safetensors checkpoint shards", "n": 4, "total": 4, "unit": "it"}
 ETA = {"finish_at": "2026-12-02T14:00:00.000Z", "finish_low_at": "2026-12-02T13:59:00.000Z",
@@ -33,14 +40,6 @@ def test_service_still_loading_and_jobs_keep_progress_and_eta():
 
 # --- what the text says when reality disagrees with the estimate; narrow terminals ---------------
 
-import io  # noqa: E402
-import re  # noqa: E402
-import time  # noqa: E402
-
-import pytest  # noqa: E402
-from rich.console import Console  # noqa: E402
-
-from eaglelab.control.render import print_status, stage_eta_text  # noqa: E402
 
 
 def _iso(t: float) -> str:

@@ -11,7 +11,7 @@ import json
 
 from eaglelab import config, side_jobs
 from eaglelab.control import notify
-from eaglelab.control.plan import beside_order
+from eaglelab.control.pipeline.plan import beside_order
 
 # A tqdm-like bar of N items, one every DELAY s, then its output: the "current stage".
 UPSTREAM = ("import os, sys, time\n"
@@ -94,7 +94,7 @@ def test_the_failed_smokes_notification_names_the_next_stage():
 
 
 def test_a_smokes_reason_uses_the_same_words_as_its_notification():
-    from eaglelab.control.side_runs import failure_of
+    from eaglelab.control.pipeline.side_runs import failure_of
     from eaglelab.model import how_it_ended
     run = {"id": "smoke-next-1", "stage": "smoke-next", "state": "failed", "exit_code": 1,
            "log_state": {"failure": {"reason": "bad_argument", "message": "Unknown loss 'klx'"}}}
@@ -156,7 +156,7 @@ def test_beside_order_is_pure():
 def test_a_side_job_due_on_the_awaited_run_starts_at_once_not_at_the_next_poll(tmplab):
     # the record `lab` waits on is checked at every wait step: a window shorter than POLL_S is not missed
     from eaglelab.control.lab import Lab
-    from eaglelab.control.side_runs import SideRuns
+    from eaglelab.control.pipeline.side_runs import SideRuns
     setup(tmplab, pilot_after=1000)
     side = SideRuns(Lab.load(str(tmplab.conf), "test"), None, clock=lambda: 100.0)  # the clock stands still
     started = []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from eaglelab import config
-from eaglelab.control import fit
+from eaglelab.control.pipeline import fit
 from eaglelab.errors import ConfigError
 from eaglelab.sizing import facts, memory
 from eaglelab.sizing.timeline import PriorNumbers, Settings, StageSpec, plan
@@ -175,7 +175,7 @@ def test_sizing_imports_without_torch_or_pydantic():
 def test_the_hosts_own_gpu_memory_overrides_the_facts_file():
     """What preflight passes when gpu8 answers: on 40 GiB GPUs the 1 T model's 63.7 GiB a GPU leaves no KV
     cache, and train's 51.5 GiB does not fit its own GPU either."""
-    from eaglelab.control.preflight import gpu_memory_of
+    from eaglelab.control.pipeline.preflight import gpu_memory_of
     gpus = [{"memory_total_mib": 40960.0}, {"memory_total_mib": 81920.0}]
     assert gpu_memory_of("gpu8", gpus) == {"gpu8": 40.0} and gpu_memory_of("gpu8", None) == {}
     p = fit.make_fit_plan(config.load(None, "kimi-k2.5"), gpu_memory_gib=gpu_memory_of("gpu8", gpus))

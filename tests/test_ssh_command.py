@@ -9,7 +9,7 @@ import pytest
 
 from eaglelab.config import HostConfig, SshConfig
 from eaglelab.control.executors.ssh import SshExecutor, remote_rel
-from eaglelab.control.mirror import LogMirror, safe_name
+from eaglelab.control.transfers.mirror import LogMirror, safe_name
 from eaglelab.errors import HostError
 
 HOSTILE = ["; rm -rf /", "$(touch /tmp/x)", "`id`", "a'b", 'a"b', "\\", "*", "\n", "--", "-oProxyCommand=x"]

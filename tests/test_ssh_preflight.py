@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from eaglelab.config import StageConfig
-from eaglelab.control import preflight
+from eaglelab.control.pipeline import preflight
 from eaglelab.errors import StageError
 
 KIMI_HIDDEN = 7168  # Kimi-K2.5, the seeds' target

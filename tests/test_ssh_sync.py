@@ -93,7 +93,7 @@ def test_sync_with_a_wheelhouse_built_here_for_the_hosts_platform(sshlab, tmp_pa
     h2's python: markupsafe is a cp311 manylinux wheel), cached by the lock's digest; `lab sync h2
     --wheelhouse` copies them into h2's own home and installs from them alone (no index, h2's pip
     configuration not read)."""
-    from eaglelab.control.wheelhouse import PLATFORM_SCRIPT, target_from_facts
+    from eaglelab.control.transfers.wheelhouse import PLATFORM_SCRIPT, target_from_facts
     lock = tmp_path / "wh.lock"
     lock.write_text(WHEELHOUSE_LOCK)
     base_python = getattr(sys, "_base_executable", None) or "python3"
@@ -145,7 +145,7 @@ def test_a_wheelhouse_for_a_platform_given_by_options_asks_no_host(sshlab, tmp_p
 
 
 def test_the_tags_of_a_hosts_platform():
-    from eaglelab.control.wheelhouse import target_from_facts
+    from eaglelab.control.transfers.wheelhouse import target_from_facts
     t = target_from_facts({"implementation": "cpython", "python_version": "3.12", "abiflags": "", "machine": "aarch64",
                            "system": "linux", "libc": "glibc", "libc_version": "2.28"})
     assert t.platforms[0] == "manylinux_2_28_aarch64" and "manylinux2014_aarch64" in t.platforms

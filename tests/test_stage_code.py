@@ -12,7 +12,7 @@ import pytest
 
 from eaglelab.control import stage_code
 from eaglelab.control.lab import Lab
-from eaglelab.control.plan import make_plan
+from eaglelab.control.pipeline.plan import make_plan
 
 
 def write_package(root: Path, files: dict[str, str]) -> None:

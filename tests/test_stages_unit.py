@@ -548,7 +548,7 @@ def test_claim_sets_aside_outputs_of_other_params_and_never_mixes(tmp_path):
 def test_kimi_gpu_host_uses_the_gpu_lock_and_shared_pins_agree():
     """The 8-GPU host must get CUDA vLLM/torch, not the CPU lock; shared pipeline packages agree."""
     from eaglelab import config
-    from eaglelab.control.preflight import lock_path, parse_lock
+    from eaglelab.control.pipeline.preflight import lock_path, parse_lock
 
     cfg = config.load(profile="kimi-k2.5")
     gpu = parse_lock(lock_path(cfg.host("gpu8")).read_text())

@@ -133,7 +133,7 @@ def test_warm_start_with_another_vocabulary_is_refused_then_rebuilt(mini, tmp_pa
 
 
 def test_the_real_drafter_passes_preflight_against_the_installed_vllm(mini):
-    from eaglelab.control import preflight
+    from eaglelab.control.pipeline import preflight
     from eaglelab.host import vllm_support
 
     found = vllm_support.drafters_among(["scratch"], mini)

@@ -241,7 +241,7 @@ def test_a_transfer_is_estimated_from_the_bytes_it_will_move(sshlab):
 def _transfer(sshlab, stage: str):
     import subprocess
     import sys
-    return subprocess.run([sys.executable, "-m", "eaglelab.control.transfer", "--conf", str(sshlab.conf),
+    return subprocess.run([sys.executable, "-m", "eaglelab.control.transfers.transfer", "--conf", str(sshlab.conf),
                            "--profile", "none", "--stage", stage], capture_output=True, text=True,
                           env=sshlab.env(), timeout=60, stdin=subprocess.DEVNULL)
 

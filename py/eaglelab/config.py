@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from . import length_budget, placement, side_jobs
 from .errors import ConfigError
+from .fsutil import NotAFile, read_regular_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -224,7 +225,7 @@ class WebConfig(_Strict):
 
 
 class TransferOptions(_Strict):
-    """How outputs move between hosts that share no filesystem (eaglelab.control.transfer)."""
+    """How outputs move between hosts that share no filesystem (eaglelab.control.transfers.transfer)."""
     bwlimit: str | None = None  # rsync --bwlimit ("50m" = 50 MiB/s): leave the lab's link some room
     retries: int = 5  # a leg that fails (a cut link) is tried again this many times; then the stage fails
     retry_wait_s: float = 10
@@ -324,7 +325,7 @@ class StageConfig(_Strict):
 
 
 class GateConfig(_Strict):
-    """Conditions on the pipeline's forecast that a stage needs (docs/foresight.md); eaglelab.control.gates."""
+    """Conditions on the pipeline's forecast that a stage needs (docs/foresight.md); eaglelab.control.foresight.gates."""
     min_acceptance_rate: float | None = Field(None, ge=0, le=1)   # the forecast's acceptance rate
     min_mean_acceptance_length: float | None = Field(None, ge=1)
     min_speedup: float | None = Field(None, gt=0)                 # only once a speedup is measured
@@ -523,7 +524,6 @@ def _expanded_size(data: Any, memo: dict | None = None) -> int:
 
 
 def _load_yaml(path: Path) -> dict:
-    from .fsutil import NotAFile, read_regular_file
     try:
         text = read_regular_file(path).decode()
     except FileNotFoundError:

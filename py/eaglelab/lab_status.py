@@ -117,14 +117,14 @@ class RunStatus(NamedTuple):
     @property
     def preflight(self) -> tuple:
         """Its preflight results (run_details.PreflightCheck), from the record or its log state."""
-        from .run_details import PreflightCheck
+        from .run_details import PreflightCheck  # read on first use: see the note at the top
         raw = self.run.extra.get("preflight") or (self.log.extra.get("preflight") if self.log else None)
         return PreflightCheck.all_from_json(raw)
 
     @property
     def slurm(self):
         """Its place in a Slurm queue (run_details.SlurmJob), None on another kind of host."""
-        from .run_details import SlurmJob
+        from .run_details import SlurmJob  # read on first use: see the note at the top
         return SlurmJob.from_json(self.run.slurm)
 
 
@@ -185,7 +185,7 @@ class Status:
     @cached_property
     def hosts(self) -> tuple:
         """Each host (host_status.HostStatus)."""
-        from .host_status import HostStatus
+        from .host_status import HostStatus  # read on first use: see the note at the top
         return tuple(h for h in map(HostStatus.from_json, self._each("hosts")) if h is not None)
 
     def host(self, name: str | None):
@@ -197,33 +197,33 @@ class Status:
     @cached_property
     def forecast(self):
         """pipeline.forecast (pipeline_status.Forecast), None before any evidence."""
-        from .pipeline_status import Forecast
+        from .pipeline_status import Forecast  # read on first use: see the note at the top
         return Forecast.from_json(self.block("pipeline").get("forecast"))
 
     @cached_property
     def forecast_history(self) -> tuple:
         """pipeline.forecast_history: past forecasts against the eval (pipeline_status.ForecastCheck)."""
-        from .pipeline_status import ForecastCheck
+        from .pipeline_status import ForecastCheck  # read on first use: see the note at the top
         rows = self.block("pipeline").get("forecast_history")
         return tuple(h for h in map(ForecastCheck.from_json, rows if isinstance(rows, list) else []) if h is not None)
 
     @cached_property
     def side_jobs(self) -> tuple:
         """pipeline.side_jobs (pipeline_status.SideJob)."""
-        from .pipeline_status import SideJob
+        from .pipeline_status import SideJob  # read on first use: see the note at the top
         rows = self.block("pipeline").get("side_jobs")
         return tuple(j for j in map(SideJob.from_json, rows if isinstance(rows, list) else []) if j is not None)
 
     @cached_property
     def outcome(self):
         """The page's outcome block (pipeline_status.Outcome), None when the status has none."""
-        from .pipeline_status import Outcome
+        from .pipeline_status import Outcome  # read on first use: see the note at the top
         return Outcome.from_json(self.json["outcome"]) if self.json.get("outcome") is not None else None
 
     @cached_property
     def config(self):
         """The page's configuration notice (pipeline_status.ConfigNote), None without one."""
-        from .pipeline_status import ConfigNote
+        from .pipeline_status import ConfigNote  # read on first use: see the note at the top
         return ConfigNote.from_json(self.json.get("config"))
 
     @cached_property

@@ -3,7 +3,7 @@ the drafter's forecast (`Forecast`, its `Acceptance` figures, the past `Forecast
 jobs (`SideJob`, the engine check's `EngineFigures`), the eval's outcome (`Outcome`, its `SweepCell`s
 and `EvalRow`s) and the page's configuration notice (`ConfigNote`).
 
-Each is made by its own producer as JSON (control/forecast.py, control/status.py's side_jobs_view
+Each is made by its own producer as JSON (control/foresight/forecast.py, control/status.py's side_jobs_view
 and engine_figures, status_web/outcome.py, status_web/config_watch.py) and read here once, by
 `from_json`: a field of the wrong type or a garbled entry reads as absent, never raises, so the page
 formats these fields without guards of its own. `to_json` gives back the document it was read from.
@@ -43,7 +43,7 @@ def _texts(v: Any) -> tuple[str, ...]:
     return tuple(str(x) for x in _list(v))
 
 
-# -- the forecast (control/forecast.py) -----------------------------------------------------------
+# -- the forecast (control/foresight/forecast.py) -----------------------------------------------------------
 
 @dataclass(frozen=True)
 class Acceptance:

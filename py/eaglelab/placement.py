@@ -5,7 +5,7 @@ host, and the two hosts do not share the path (`hosts.NAME.shared`: the same fil
 prefix of it), eaglelab adds a transfer stage to the pipeline, `move-<producer>-to-<host>`, run on
 the controller between the producer and its readers. So `lab plan` lists it with its size, `lab
 pipeline` and `lab run` run it, the page shows its progress and ETA like any run, and when the
-producer runs again its outputs move again. eaglelab.control.transfer does the moving.
+producer runs again its outputs move again. eaglelab.control.transfers.transfer does the moving.
 
 Pure: config in, transfer stages out (no host is asked anything here).
 """
@@ -126,7 +126,7 @@ def add_transfer_stages(cfg) -> list[Transfer]:
                               f"transfer of {t.producer}'s outputs to {t.dst}; rename that stage")
         stage = cfg.make_stage(
             host=host, depends_on=[t.producer],
-            command=["${python}", "-m", "eaglelab.control.transfer", "--conf", str(cfg.conf_dir),
+            command=["${python}", "-m", "eaglelab.control.transfers.transfer", "--conf", str(cfg.conf_dir),
                      "--profile", cfg.profile, "--stage", t.name],
             description=f"moves {t.producer}'s outputs ({', '.join(t.paths)}) from {t.src} to {t.dst} "
                         f"for {', '.join(t.readers)}")

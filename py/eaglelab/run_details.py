@@ -16,7 +16,7 @@ VERDICTS = {True: "PASS", False: "FAIL", None: "WARN"}  # a check's `ok`: passed
 
 @dataclass(frozen=True)
 class PreflightCheck:
-    """One preflight result (eaglelab.control.preflight.as_dicts: name, ok, detail, fix)."""
+    """One preflight result (eaglelab.control.pipeline.preflight.as_dicts: name, ok, detail, fix)."""
 
     check: str
     ok: bool | None

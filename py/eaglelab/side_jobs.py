@@ -8,7 +8,7 @@ Two kinds, one trigger (`during: {stage, after}`: once that stage's run has made
               service (serve_eval beside train: the server on the first checkpoint); its smoke is a job.
 
 Pure: which side jobs exist, what starts them, and what a smoke's failure means for the pipeline;
-eaglelab.control.side_runs starts and follows them.
+eaglelab.control.pipeline.side_runs starts and follows them.
 """
 
 from __future__ import annotations

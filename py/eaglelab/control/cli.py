@@ -82,11 +82,13 @@ def pipeline(c: _Ctx, force: bool, keep_services: bool, quiet: bool, notify: boo
     """Run every job of the pipeline in dependency order (each one only if needed)."""
     lab = c.lab
     lab.ignore_gates = ignore_gates
-    from .fit import refuse_misfits
+    # here: every `lab` call imports cli.py, and `lab status --json` has a CPU budget
+    from .pipeline.fit import refuse_misfits
     refuse_misfits(lab.cfg)  # a stage over a GPU's memory, a disk or the time budget: refused before launch
     t0 = time.time()
     result = lab.pipeline(force=force, keep_services=keep_services, follow=not quiet, out=sys.stdout)
     if notify:
+        # here: every `lab` call imports cli.py, and `lab status --json` has a CPU budget
         from .notify import pipeline_finished
         failed = result.failed
         pipeline_finished(lab.notifier, firing_id=f"manual-{int(t0)}", target="pipeline", ok=failed is None,
@@ -107,11 +109,13 @@ def pipeline(c: _Ctx, force: bool, keep_services: bool, quiet: bool, notify: boo
 @pass_ctx
 def status(c: _Ctx, as_json: bool, no_refresh: bool, show_all: bool) -> None:
     """Every host and stage: state, progress, ETA."""
+    # here: every `lab` call imports cli.py, and `lab status --json` has a CPU budget
     from .status import collect
     st = collect(c.lab, refresh=not no_refresh)
     if as_json:
         click.echo(json.dumps(st.to_json(), indent=1))
         return
+    # here: every `lab` call imports cli.py, and `lab status --json` has a CPU budget
     from .render import print_status
     print_status(st, show_all=show_all)
 

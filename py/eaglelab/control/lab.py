@@ -22,12 +22,15 @@ from eaglelab import config as config_mod
 from eaglelab.config import Config, StageConfig
 from eaglelab.control.registry import Registry
 from eaglelab.errors import EaglelabError, HostError, StageError
-from eaglelab.fsutil import parse_iso
+from eaglelab.fsutil import UntrustedFolder, parse_iso, trusted_folder
 from eaglelab.host.settle import at_launch
 from eaglelab.model import ACTIVE, BadRecord, HostReport, Meta, RunRecord, RunState, StageState, check, exit_text
 
-from . import preflight, services, stage_code
+from . import stage_code
 from .executors import Executor, HostUnreachable, for_host
+from .foresight import gates
+from .pipeline import preflight, services
+from .pipeline.side_runs import SideRuns
 
 # The longest a wait asks a host to watch a run before the controller looks again (gates, side jobs,
 # the other hosts): an end is still seen within hostside.AWAIT_STEP_S of it.
@@ -39,7 +42,6 @@ class Lab:
     def __init__(self, cfg: Config, registry: Registry | None = None):
         self.cfg = cfg
         if registry is None:
-            from eaglelab.fsutil import UntrustedFolder, trusted_folder
             try:  # the registry, mirrored logs, locks: in a folder nobody else can rename things in
                 trusted_folder(cfg.logs_dir, "logs_dir")
             except UntrustedFolder as e:
@@ -48,9 +50,9 @@ class Lab:
         self._executors: dict[str, Executor] = {}
         from . import notify  # stage completed/failed/stalled -> webhooks, seen as the registry learns it
         self.notifier = notify.watch(self)
-        self.ignore_gates = False  # --ignore-gates (eaglelab.control.gates)
+        self.ignore_gates = False  # --ignore-gates (eaglelab.control.foresight.gates)
         self.gate_failures: dict[str, list[str]] = {}  # run id -> why its gate stopped it
-        self.side_runs = None  # the pilot and smoke jobs of the pipeline being run (control/side_runs.py)
+        self.side_runs = None  # the pilot and smoke jobs of the pipeline being run (control/pipeline/side_runs.py)
         self.code_root = stage_code.SOURCE_ROOT  # where the code that fingerprints hash lives (py/)
 
     @classmethod
@@ -356,7 +358,6 @@ class Lab:
         """Follow the run's log (to out, if given) until the run ends; the final record."""
         offset = rec.get("log_size", 0) if out is None else 0
         ex = self.executor(rec["host"])
-        from . import gates
         gate_watch = gates.Watch(self)  # a failing gate on this stage stops the run
         while True:
             if out is not None:
@@ -434,8 +435,6 @@ class Lab:
         complete; services are stopped however it ends (Ctrl-C included) unless keep_services, each
         only when no live run needs it (a job a Ctrl-C left running keeps its service: stop_services).
         `lab pipeline` and a cron firing both call this."""
-        from . import gates
-        from .side_runs import SideRuns
         result = PipelineResult()
         # side jobs (a pilot, a smoke test) start beside the stage they name, not in this order
         jobs = [n for n in self.cfg.stage_order() if self.cfg.stage(n).kind == "job" and self.cfg.stage(n).during is None]

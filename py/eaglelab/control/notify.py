@@ -30,7 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from eaglelab.config import webhook_url_problem
+from eaglelab.control.registry import ensure_schema as _ensure
 from eaglelab.figures import human_duration as _human
+from eaglelab.fsutil import utcnow_iso
 from eaglelab.host.settle import is_failure
 from eaglelab.lab_status import read_run
 from eaglelab.model import ACTIVE, Run, RunState, StageState, how_it_ended
@@ -104,7 +107,6 @@ def human_duration(s: float | None) -> str:
 def stage_payload(event: str, run: Run | dict, status_url: str, now: float) -> dict:
     """The generic body of a stage event (schema 1), from the typed run; the other formats are made
     from it. Its fields are the run's as the registry stored them (docs/operations.md, "Notifications")."""
-    from eaglelab.fsutil import utcnow_iso
     run = run_of(run)
     reason = failure_text(run) if event == RunState.FAILED else stall_text(run) if event == StageState.STALLED else None
     stage, host, dur = run.stage, run.host, run.duration_s
@@ -184,7 +186,6 @@ def _db(path: str | os.PathLike) -> sqlite3.Connection:
 
 
 def ensure_schema(db_path: str | os.PathLike) -> None:
-    from eaglelab.control.registry import ensure_schema as _ensure
     db = _db(db_path)
     try:
         _ensure(db, SCHEMA)
@@ -281,7 +282,6 @@ def pipeline_finished(notifier: Notifier | None, *, firing_id: str, target: str,
                       failed_stage: str | None, stages: list[dict], duration_s: float, log: str | None,
                       now: float | None = None) -> dict:
     """Queue the pipeline_finished event of one firing (no-op without webhooks); the payload."""
-    from eaglelab.fsutil import utcnow_iso
     now = now or time.time()
     host = socket.gethostname()
     text = (f"{target} finished on {host} in {human_duration(duration_s)}: {detail}" if ok else
@@ -349,7 +349,6 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float = TIMEOU
     """One attempt; raises on a non-2xx answer, a redirect, a URL that is not http(s), or no answer."""
     import urllib.request  # see _opener
 
-    from eaglelab.config import webhook_url_problem
     problem = webhook_url_problem(url)
     if problem:
         raise WebhookRefused(problem)

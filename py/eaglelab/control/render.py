@@ -20,7 +20,7 @@ from eaglelab.fsutil import parse_iso
 from eaglelab.lab_status import RunStatus, StageStatus, Status
 from eaglelab.model import ACTIVE, FINAL, RunState, StageState
 
-from .forecast import describe
+from .foresight.forecast import describe
 
 STATE_STYLE = {StageState.COMPLETED: "green", StageState.RUNNING: "cyan", StageState.FAILED: "red",
                StageState.KILLED: "red", StageState.STALLED: "yellow", StageState.UNREACHABLE: "magenta",

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import time
 
-from eaglelab import model
+from eaglelab import eta, model, side_jobs
 from eaglelab.fsutil import utcnow_iso
 from eaglelab.lab_status import Status
 from eaglelab.model import ACTIVE, RunState, StageState
 
+from .foresight import forecast
 from .lab import Lab
+from .pipeline.side_runs import failure_of
+from .priors import stage_priors
 
 SCHEMA = 1
 RUN_FIELDS = model.RUN_FIELDS
@@ -59,10 +62,10 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> Status:
         stages.append({"name": name, "host": s.host, "kind": s.kind, "depends_on": s.depends_on, "needs": s.needs,
                        "after": s.after,
                        "description": s.description, "latest_run": latest["id"] if latest else None, "state": state})
-    from .services import usage
+    # services.py takes filelock, which `lab status --json` does not load otherwise (test_cli_imports)
+    from .pipeline.services import usage
     status = {"schema": SCHEMA, "generated_at": utcnow_iso(now), "profile": lab.cfg.profile,
               "runs": runs, "hosts": hosts, "stages": stages, "services": usage(lab, now)}
-    from . import forecast  # pipeline.forecast: will the drafter pay off (docs/foresight.md)
     status = forecast.annotate(lab, _annotate_eta(lab, status, now, refresh), now)
     status["pipeline"]["side_jobs"] = side_jobs_view(lab, runs)
     return Status.from_json(status, now)
@@ -70,9 +73,6 @@ def collect(lab: Lab, refresh: bool = True, now: float | None = None) -> Status:
 
 def side_jobs_view(lab: Lab, runs: list[dict]) -> list[dict]:
     """pipeline.side_jobs: each pilot / smoke test, what it runs beside, its latest run and why it failed."""
-    from eaglelab import side_jobs
-
-    from .side_runs import failure_of
     out = []
     for name in side_jobs.side_jobs(lab.cfg):
         s = lab.cfg.stage(name)
@@ -104,8 +104,5 @@ def engine_figures(run: dict) -> dict | None:
 
 
 def _annotate_eta(lab: Lab, status: dict, now: float, refresh: bool = False) -> dict:
-    from eaglelab import eta
-
-    from .priors import stage_priors
     priors, units = stage_priors(lab, status["runs"], refresh)  # input sizes: measured on the hosts when due
     return eta.annotate(status, {"phases": lab.registry.phase_history(), "units": units}, now, priors)

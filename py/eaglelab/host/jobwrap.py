@@ -266,7 +266,7 @@ def _ensure_final_state(run_dir: Path) -> None:
     print(f"jobwrap: the tailer stopped early (state covers {state.get('log_bytes')} of {size} bytes); "
           f"final pass here", flush=True)
     try:
-        from .tail.run import RunFollower
+        from .tail.run import RunFollower  # provided by the tailer; absent in a minimal install
         RunFollower(run_dir).finish()
     except Exception as e:  # noqa: BLE001 - the end must be recorded whatever the parser does
         print(f"jobwrap: final parse failed: {type(e).__name__}: {e}", flush=True)

@@ -106,7 +106,7 @@ def paths_info(paths: list[str], cwd: str = ".") -> dict[str, dict]:
     content key equal on two hosts exactly when they hold the same data (a stage's manifest.json
     when it wrote one, else names + sizes + sha256 of the small files: never mtimes, which a copy
     may not keep), what is wrong against the manifest, and the free disk where it goes."""
-    from eaglelab import manifest  # host-safe: no pydantic
+    from eaglelab import manifest  # its errors take click: not every host-side import needs them
     out = {}
     for p in paths:
         path = Path(cwd, p).expanduser()
@@ -156,7 +156,7 @@ def inside_roots(paths: list[str], roots: list[str], cwd: str = ".") -> dict:
 
 def read_manifests(paths: list[str], cwd: str = ".") -> dict[str, dict | None]:
     """The manifest.json of each output directory here (what `lab summary` shows), None if absent."""
-    from eaglelab import manifest
+    from eaglelab import manifest  # its errors take click: not every host-side import needs them
     out: dict[str, dict | None] = {}
     for p in paths:
         path = Path(cwd, p).expanduser()

@@ -1,7 +1,7 @@
 """The pipeline on paper: each stage's GPUs, GPU memory, host RAM, disk and time, laid end to end in the
 order `lab pipeline` runs them, with what else is on the GPUs at the time; and what does not fit.
 
-Pure: the controller (eaglelab.control.fit) turns the config into `StageSpec`s and `Settings`; this
+Pure: the controller (eaglelab.control.pipeline.fit) turns the config into `StageSpec`s and `Settings`; this
 module only does arithmetic. The rules it follows are the pipeline's own (docs/stages.md): jobs one
 after another; a job's services started before it (a service that needs GPUs another holds stops that
 one first); a job with `gpus:` gets them to itself (services on them are stopped first); a side job

@@ -43,14 +43,14 @@ import requests
 from .. import manifest
 from ..errors import StageError
 from ..fsutil import atomic_write_json, read_json
-from . import common, pilot
+from . import acceptance, common, pilot
+from .eval import parse_spec_metrics, spec_stats
 
 PREFIX = "engine/"  # the metric line's keys (the log parser keeps k=v lines as metrics)
 
 
 def read_served(endpoint: str, get=None) -> dict | None:
     """vLLM's spec_decode figures since the server started, or None when it does not answer or drafts nothing."""
-    from .eval import parse_spec_metrics, spec_stats
 
     get = get or (lambda url: requests.get(url, timeout=10))
     try:
@@ -129,7 +129,6 @@ def offline_acceptance(drafter: Path, model: Path, out: Path, pick: dict, aux: l
     """The drafter's offline acceptance on the slice: its estimate document (acceptance.estimate)."""
     import torch
 
-    from . import acceptance
 
     d = {n: out / n for n in ("synth", "prepared", "hidden_states")}
     pilot.write_slice(d["synth"], pick, {"engine_check": True, "rows": len(pick["lines"])})

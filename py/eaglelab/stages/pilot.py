@@ -18,7 +18,7 @@ fewer than N rows by then is an error naming the file.
 The slice is written as a synth output (`<out>/synth/responses.jsonl` + a synth manifest), so the
 stages take it as they take synth's: each runs as a subprocess (`python -m eaglelab.stages.NAME`)
 into `<out>/{prepared,hidden_states,vocab,checkpoints}`, its output streamed through unchanged
-(train's `acceptance/rate=..., acceptance/mean_length=...` lines are what eaglelab.control.forecast
+(train's `acceptance/rate=..., acceptance/mean_length=...` lines are what eaglelab.control.foresight.forecast
 reads from the log of a stage named pilot*). Extraction uses the transformers backend by default: an
 in-process forward pass on this host's device, because the only vLLM server up while synth runs is
 synth's own target server, a plain one; the vllm backend would need serve_extract (a second server

@@ -56,6 +56,7 @@ from .. import manifest
 from ..errors import StageError
 from ..fsutil import atomic_write_bytes
 from . import common, synth_probe
+from .eval import parse_spec_metrics, spec_stats
 
 OUT_NAME = "responses.jsonl"
 ERR_NAME = "responses.errors.jsonl"
@@ -191,7 +192,6 @@ class ServedAcceptance:
         self._thread: threading.Thread | None = None
 
     def read(self) -> dict | None:
-        from .eval import parse_spec_metrics
 
         try:
             r = self.get(self.url)
@@ -201,7 +201,6 @@ class ServedAcceptance:
             return None
 
     def poll(self) -> dict | None:
-        from .eval import spec_stats
 
         now = self.read()
         if now is None:

@@ -29,7 +29,7 @@ import click
 from .. import manifest
 from ..errors import StageError
 from ..fsutil import read_json
-from . import common
+from . import acceptance, common, train_memory
 from . import warm_start as warm
 from .common import TRIMMED_DATA, completed_epochs, hs_path
 
@@ -340,7 +340,6 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
         cpu_patches()
         torch.use_deterministic_algorithms(True, warn_only=True)  # cheap here; the demo's numbers repeat
     else:  # GPU memory spent on purpose, and no uncompiled flex attention (train_memory.py says why)
-        from . import train_memory
 
         train_memory.install_frozen_cast(echo=click.echo if lead else None)
         train_memory.set_compile_limits(ttt_steps)
@@ -352,7 +351,6 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
         click.echo(f"train: speculators train {' '.join(argv)}")
     train_cfg = TrainConfig.resolve(argv)
     if acceptance_k > 0:
-        from . import acceptance
 
         acceptance.install_trainer_hook(out_dir=out_dir, verifier=model, data=data, hidden_states=hidden_states,
                                         k=acceptance_k, train_data_ratio=train_cfg.data.train_data_ratio,

@@ -1,6 +1,6 @@
 """`lab cron install|list|remove|fire` and `lab plan`: the pipeline on a schedule, stale stages only.
 
-The logic lives in eaglelab.control.cron (the entry, the lock, the summaries) and eaglelab.control.plan (the
+The logic lives in eaglelab.control.pipeline.cron (the entry, the lock, the summaries) and eaglelab.control.pipeline.plan (the
 verdicts); these callbacks parse, call, and print.
 """
 
@@ -17,13 +17,16 @@ from pathlib import Path
 
 import click
 
+from eaglelab import config as config_mod
 from eaglelab.errors import EaglelabError
 from eaglelab.fsutil import open_private_append, private_dir, utcnow_iso
 from eaglelab.model import RunState
 
-from .. import cron as cronlib
 from ..lab import exit_code_of
-from ..plan import format_plan, make_plan
+from ..notify import pipeline_finished
+from ..pipeline import cron as cronlib
+from ..pipeline.fit import format_fit, make_fit_plan, refuse_misfits
+from ..pipeline.plan import format_plan, make_plan
 
 
 def _lab(ctx: click.Context):
@@ -155,7 +158,6 @@ def fire(ctx: click.Context, target: str) -> None:
         for s in stages:
             click.echo(f"  {s['stage']}: {s['outcome']}" + (f" ({s['run_id']})" if s["run_id"] else ""))
         cronlib.write_summary(cron_dir, summary)
-        from ..notify import pipeline_finished
         pipeline_finished(lab.notifier, firing_id=firing_id, target=target, ok=summary["ok"],
                           detail=summary["detail"], failed_stage=bad, stages=stages,
                           duration_s=time.time() - t0, log=str(log_path))
@@ -172,7 +174,6 @@ def _run_target(ctx: click.Context, target: str) -> tuple[int, str | None]:
     lab = _lab(ctx)
     try:
         if target == "pipeline":
-            from ..fit import refuse_misfits
             refuse_misfits(lab.cfg)  # as `lab pipeline`: a plan that does not fit is not started
             result = lab.pipeline(follow=False, out=sys.stdout)
             if result.error is not None:
@@ -229,7 +230,6 @@ def plan(ctx: click.Context, stages: tuple[str, ...], force: bool, offline: bool
     n_run = sum(s.action == "run" for s in steps)
     click.echo(f"-- {n_run} to run, {sum(s.action == 'skip' for s in steps)} up to date, "
                f"{sum(s.action == 'attach' for s in steps)} running (the pipeline stops at the first failure)")
-    from ..fit import make_fit_plan
     p = make_fit_plan(lab.cfg, list(stages) or None)
     if p is not None and p.misfits:
         click.echo(f"DOES NOT FIT ({len(p.misfits)}; `lab plan --offline` shows every figure):")
@@ -239,9 +239,7 @@ def plan(ctx: click.Context, stages: tuple[str, ...], force: bool, offline: bool
 
 def _offline_plan(ctx: click.Context, stages: list[str] | None, as_json: bool) -> None:
     """The plan that knows what fits, from the config and the model's facts alone."""
-    from eaglelab import config as config_mod
 
-    from ..fit import format_fit, make_fit_plan
     root = ctx.find_root().obj
     cfg = config_mod.load(root.conf, root.profile)
     p = make_fit_plan(cfg, stages)

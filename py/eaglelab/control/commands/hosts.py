@@ -10,7 +10,12 @@ import click
 
 from eaglelab.errors import HostError
 
-from .. import preflight as preflight_mod
+from ..executors.ssh import SshExecutor
+from ..pipeline import preflight as preflight_mod
+from ..pipeline.preflight import lock_path
+from ..transfers import wheelhouse as wheels
+from ..transfers.sync import sync as do_sync
+from ..transfers.sync import venv_dir
 
 
 def _lab(ctx: click.Context):
@@ -38,7 +43,6 @@ def preflight(ctx: click.Context, stage: str, as_json: bool) -> None:
 
 
 def _ssh_executor(lab, host: str, what: str):
-    from ..executors.ssh import SshExecutor
     lab.cfg.host(host)  # a clear error for an unknown name
     ex = lab.executor(host)
     if not isinstance(ex, SshExecutor):
@@ -54,7 +58,6 @@ def _ssh_executor(lab, host: str, what: str):
 @click.pass_context
 def sync(ctx: click.Context, host: str, wheelhouse: bool) -> None:
     """Copy the project to HOST (rsync over ssh) and make its venv from the host's lock."""
-    from ..sync import sync as do_sync
     do_sync(_ssh_executor(_lab(ctx), host, "`lab sync` copies to ssh hosts only"), out=sys.stdout,
             wheelhouse=wheelhouse)
 
@@ -73,9 +76,6 @@ def wheelhouse(ctx: click.Context, host: str, platforms: tuple[str, ...], python
 
     The platform is asked of the host unless --platform and --python-version give it; `lab sync HOST
     --wheelhouse` then copies the wheels there and installs from them alone."""
-    from .. import wheelhouse as wheels
-    from ..preflight import lock_path
-    from ..sync import venv_dir
     lab = _lab(ctx)
     cfg = lab.cfg.host(host)
     lock = lock_path(cfg)

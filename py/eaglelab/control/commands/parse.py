@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from eaglelab.host.tail.frames import SAMPLE_BYTES
+from eaglelab.host.tail.many import watch_runs
 from eaglelab.host.tail.whole import parse_file
 
 
@@ -60,7 +61,6 @@ def tail_cmd(dirs: tuple[Path, ...], once: bool) -> None:
     A DIR holding output.log or meta.json is one run; any other DIR is watched for runs inside it,
     including ones that appear later. Runs that have ended get a final state and are let go.
     """
-    from eaglelab.host.tail.many import watch_runs
 
     stop = threading.Event()
     if not once:

@@ -1,5 +1,5 @@
 """`lab services`: the running services, in use or idle (and what they hold); `--reap` stops the
-ones idle past their keep-alive (eaglelab.control.services)."""
+ones idle past their keep-alive (eaglelab.control.pipeline.services)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import click
 
-from .. import services as services_mod
+from ..pipeline import services as services_mod
 from ..render import fmt_duration
 
 

@@ -10,6 +10,8 @@ import click
 
 from eaglelab.errors import EaglelabError
 
+from ..foresight import forecast
+from ..foresight.forecast import DECODINGS, decoded
 from ..lab import Lab
 from ..render import fmt_duration
 
@@ -66,7 +68,6 @@ def summarize(lab: Lab) -> dict:
         stages.append({"stage": name, "host": stage.host, "run": run.get("id"), "state": run.get("state", "pending"),
                        "duration_s": run.get("duration_s"), "outputs": outputs})
     total = sum(s["duration_s"] or 0 for s in stages)
-    from .. import forecast
     pipe = forecast.annotate(lab, {"runs": lab.registry.runs()})["pipeline"]
     return {"schema": 1, "profile": lab.cfg.profile, "stages": stages, "headline": headline,
             "total_duration_s": total, "forecast": pipe["forecast"], "forecast_vs_eval": _versus(pipe["forecast"]),
@@ -77,7 +78,6 @@ def _versus(fc: dict | None, key: str = "offline") -> dict | None:
     """An offline forecast (the last one, or the pilot's) next to the served measurement, once both exist."""
     if not fc or fc.get("source") != "eval" or not fc.get(key):
         return None
-    from ..forecast import DECODINGS, decoded
 
     off = {"source": "pilot", **fc[key]}  # "offline" names its own source; "pilot" holds only figures
     decoding = fc.get("decoding") if fc.get("decoding") in DECODINGS else "greedy"  # as the eval decided

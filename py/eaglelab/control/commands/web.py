@@ -11,6 +11,8 @@ import socket
 import click
 
 from eaglelab.errors import ConfigError
+from status_web import create_app
+from status_web import server as web_server
 
 
 @click.command("web")
@@ -24,8 +26,6 @@ from eaglelab.errors import ConfigError
 def web(ctx: click.Context, host: str | None, port: int | None, refresh_s: float, read_token: bool,
         access_log: bool) -> None:
     """Serve the status page, /api/status and /metrics (actions need the token in $EAGLELAB_TOKEN)."""
-    from status_web import create_app
-    from status_web import server as web_server
 
     lab = ctx.obj.lab
     wcfg = lab.cfg.lab.web

@@ -8,18 +8,17 @@ from eaglelab.errors import ConfigError
 from .base import Executor, HostUnreachable
 
 
+# Each reach loads its executor when a host needs it: ssh's log mirror takes filelock, which a lab
+# of local hosts never loads (`lab status --json`: tests/test_cli_imports.py).
 def for_host(host: HostConfig) -> Executor:
     if host.reach == "local":
-        from .local import LocalExecutor
+        from .local import LocalExecutor  # see above
         return LocalExecutor(host)
     if host.reach == "ssh":
-        try:
-            from .ssh import SshExecutor
-        except ImportError as e:  # pragma: no cover - the ssh executor ships with the package
-            raise ConfigError(f"host {host.name!r}: reach: ssh is not available in this install ({e})") from None
+        from .ssh import SshExecutor  # see above
         return SshExecutor(host)
     if host.reach == "slurm":
-        from .slurm import SlurmExecutor
+        from .slurm import SlurmExecutor  # see above
         return SlurmExecutor(host)
     raise ConfigError(f"host {host.name!r}: unknown reach {host.reach!r}")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from eaglelab.config import REPO_ROOT, HostConfig
 from eaglelab.errors import HostError
+from eaglelab.host import machine
 
 
 class HostUnreachable(HostError):
@@ -65,12 +66,10 @@ class Executor(abc.ABC):
 
     def manifests(self, paths: list[str], cwd: str) -> dict[str, dict | None]:
         """machine.read_manifests on the host: the outputs' manifests where they were written."""
-        from eaglelab.host import machine
         return machine.read_manifests(paths, cwd)
 
     def inside_roots(self, paths: list[str], roots: list[str], cwd: str) -> dict:
         """machine.inside_roots on the host: the paths and data roots resolved where they are."""
-        from eaglelab.host import machine
         return machine.inside_roots(paths, roots, cwd)
 
     def rsync_target(self, path: str) -> tuple[list[str] | None, str]:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from eaglelab.errors import HostError
-from eaglelab.host import hostfacts, hostside, machine
+from eaglelab.host import hostfacts, hostside, machine, sizes
 
 from .base import Executor, local_repo_dir
 
@@ -37,7 +37,6 @@ class LocalExecutor(Executor):
         return os.path.expanduser(super().host_path(p))
 
     def input_sizes(self, requests: list[dict], cwd: str) -> list[dict]:
-        from eaglelab.host import sizes
         return sizes.measure_all(requests, cwd)
 
     def launch(self, spec: dict) -> dict:

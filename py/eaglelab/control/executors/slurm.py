@@ -15,6 +15,8 @@ from eaglelab.errors import HostError
 from eaglelab.host import slurmside
 
 from .base import Executor, HostUnreachable
+from .local import LocalExecutor
+from .ssh import SshExecutor
 
 
 class SlurmError(HostError):
@@ -25,10 +27,8 @@ class SlurmExecutor(Executor):
     def __init__(self, host: HostConfig):
         super().__init__(host)
         if host.ssh is not None:
-            from .ssh import SshExecutor
             self.login: Executor = SshExecutor(host)
         else:
-            from .local import LocalExecutor
             self.login = LocalExecutor(host)
         self.remote = host.ssh is not None
 

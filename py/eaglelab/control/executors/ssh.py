@@ -28,7 +28,7 @@ from eaglelab.config import REPO_ROOT, HostConfig
 from eaglelab.errors import HostError
 from eaglelab.fsutil import atomic_write_bytes
 
-from ..mirror import LogMirror
+from ..transfers.mirror import LogMirror
 from .base import Executor, HostUnreachable
 
 

@@ -215,7 +215,7 @@ def follow_run(run_dir: Path, stop: threading.Event, guard=None) -> None:
     disk is noted, and the tailer goes on reading).
     """
     guard = guard or (lambda fn, *args: fn(*args))
-    from .watch import DirWatch
+    from .watch import DirWatch  # watchdog: only a live follow needs it, not `lab parse` of a whole file
 
     run_dir = Path(run_dir)
     follower = RunFollower(run_dir)

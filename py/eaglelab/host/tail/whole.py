@@ -12,6 +12,7 @@ def bar_eta(observations: list, total: float | None, label: str, remaining_s: fl
             prior_s_per_item: float | None = None) -> tuple:
     """The estimator (eaglelab.eta.bar_eta), imported on first use: it pulls numpy, which a log with
     no progress bar never needs."""
+    # numpy, through the estimator: a log with no progress bar never needs it
     from eaglelab.eta.estimator import bar_eta as estimate
 
     return estimate(observations, total, label, remaining_s, prior_s_per_item)

@@ -27,6 +27,7 @@ import datetime
 import time
 from pathlib import Path
 
+from eaglelab.errors import EaglelabError
 from eaglelab.fsutil import atomic_write_json, read_json, utcnow_iso
 from eaglelab.model import RunState
 from eaglelab.side_jobs import SMOKE_PREFIX
@@ -57,6 +58,7 @@ def ts(v) -> float | None:
 
 def verdict(rate: float, mean_len: float, speedup: float | None) -> tuple[str, list[str]]:
     """The eval stage's verdict rules; without a speedup a good forecast is PROMISING, not PAYS."""
+    # the eval stage's module (~50 ms of imports) only when an eval manifest is read
     from eaglelab.stages.eval import verdict as eval_verdict
 
     v, reasons = eval_verdict(speedup, {"acceptance_rate": rate, "mean_acceptance_length": mean_len})
@@ -178,7 +180,6 @@ def eval_evidence(lab, stage_name: str, run_id: str | None = None) -> dict | Non
     if lab.cfg.host(stage.host).reach == "local":
         docs = {out: read_json(Path(spec["cwd"], out) / "manifest.json") for out in spec["outputs"]}
     else:
-        from eaglelab.errors import EaglelabError
         ex = lab.executor(stage.host)
         try:
             docs = ex.manifests(spec["outputs"], ex.repo_dir())

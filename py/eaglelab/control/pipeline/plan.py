@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from eaglelab import side_jobs
 from eaglelab.sizing.timeline import beside_order  # pure; side jobs after their stage
 
-from .lab import Lab
+from ..lab import Lab
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,6 @@ def make_plan(lab: Lab, stages: list[str] | None = None, force: bool = False,
               refresh: bool = True) -> list[Step]:
     """The jobs a pipeline (or `lab run STAGES --deps`) would go through, in order, with verdicts."""
     unreachable = {h: e for h, e in (lab.refresh() if refresh else {}).items() if e}
-    from eaglelab import side_jobs
     order = [n for n in lab.cfg.stage_order(stages) if lab.cfg.stage(n).kind == "job"]
     order = beside_order(order, {n: lab.cfg.stage(n).during.stage for n in order if lab.cfg.stage(n).during})
     own, latest = {}, {}

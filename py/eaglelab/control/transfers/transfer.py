@@ -3,7 +3,7 @@
 Run by `lab` like any stage (under jobwrap on the controller, so it survives a disconnect, its log
 has a progress bar that the page turns into an ETA, and it shows in `lab status`):
 
-    python -m eaglelab.control.transfer --conf DIR --profile NAME --stage move-extract-to-gpu2
+    python -m eaglelab.control.transfers.transfer --conf DIR --profile NAME --stage move-extract-to-gpu2
 
 The way depends on who reaches whom: host to host when the source lists the destination in
 `direct_to` (rsync runs on the source), else through the controller (rsync to a staging copy under
@@ -30,7 +30,7 @@ import click
 from eaglelab import config as config_mod
 from eaglelab.errors import EaglelabError, HostError, StageError
 
-from .executors import Executor, HostUnreachable, for_host
+from ..executors import Executor, HostUnreachable, for_host
 
 PROGRESS = re.compile(rb"^\s*([\d,]+)\s+\d+%")  # rsync --info=progress2: "  1,234,567  45%  1.2MB/s ..."
 

@@ -20,8 +20,9 @@ from typing import TextIO
 from eaglelab.config import REPO_ROOT
 from eaglelab.errors import HostError
 
-from .executors.ssh import SshExecutor
-from .preflight import lock_path
+from ..executors.ssh import SshExecutor
+from ..pipeline.preflight import lock_path
+from . import wheelhouse as wheels
 
 EXCLUDES = [".git", ".venv", "/logs", "/data", "__pycache__", "*.pyc", ".pytest_cache", ".hypothesis",
             "/tests/output", "*.egg-info", "/build", "/.whl", "/.gl"]
@@ -60,7 +61,6 @@ def sync(ex: SshExecutor, out: TextIO, timeout_s: float = 3600, wheelhouse: bool
               rsync_argv(ex, str(lock), posixpath.join(repo, LOCK_ON_HOST))]
     install = [vpy, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", *host.pip_options]
     if wheelhouse:
-        from . import wheelhouse as wheels
         target = wheels.target_from_facts(wheels.host_facts(ex, vpy), host.name)
         wh = wheels.build(lock, target, ex.logs_dir, out=out, timeout_s=timeout_s)
         print(f"lab sync: {wheels.describe(wh)}", file=out, flush=True)

@@ -20,7 +20,7 @@ from typing import TextIO
 from eaglelab import side_jobs
 from eaglelab.errors import EaglelabError
 from eaglelab.fsutil import parse_iso
-from eaglelab.model import ACTIVE, RunState
+from eaglelab.model import ACTIVE, RunState, how_it_ended
 
 POLL_S = 2.0
 
@@ -172,7 +172,6 @@ class SideRuns:
 def failure_of(run: dict) -> str:
     """The run's failure in one line: a launch error, else how it ended (the parsed failure, else
     its exit; the same words the notifications use), else its state."""
-    from eaglelab.model import how_it_ended
     return str(run.get("error") or how_it_ended(run) or run.get("state"))[:400]
 
 

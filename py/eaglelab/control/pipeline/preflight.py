@@ -21,13 +21,15 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
+from eaglelab import placement
 from eaglelab.config import REPO_ROOT, StageConfig, slurm_options
 from eaglelab.errors import ConfigError, HostError, StageError
 from eaglelab.sizing import facts as facts_mod
 
+from ..executors import HostUnreachable
 from . import slurm_preflight
 from .checks import Check
-from .executors import HostUnreachable
+from .fit import make_fit_plan
 
 BF16_BYTES = 2
 DEFAULT_AUX_LAYERS = 3  # EAGLE-3: three aux layers [2, L//2, L-3] (+ the last layer)
@@ -299,10 +301,9 @@ def host_model(lab, stage: StageConfig, configs: dict[str, dict]):
 
 
 def fit_checks(lab, stage_name: str, gpu_memory_gib: dict[str, float] | None = None, model=None) -> list[Check]:
-    """The plan's word (eaglelab.control.fit, docs/planning.md): this stage's misfits and the budget's
+    """The plan's word (eaglelab.control.pipeline.fit, docs/planning.md): this stage's misfits and the budget's
     fail it; another stage's are a warning now; no model facts: no check. With the host's own GPU
     memory and the model's own config.json when it answered, else the facts file's."""
-    from .fit import make_fit_plan
     if os.environ.get("EAGLELAB_NO_FIT") == "1":
         return [Check("fit", None, "not checked: EAGLELAB_NO_FIT=1")]
     p = make_fit_plan(lab.cfg, gpu_memory_gib=gpu_memory_gib, model=model)
@@ -321,7 +322,6 @@ def fit_checks(lab, stage_name: str, gpu_memory_gib: dict[str, float] | None = N
 
 def input_origins(lab, stage: StageConfig, inputs: list[str]) -> dict[str, str]:
     """For each input some stage writes: where it is made, and how it gets to this stage's host."""
-    from eaglelab import placement
     out = {}
     for path in inputs:
         for name, s in lab.cfg.stages.items():
