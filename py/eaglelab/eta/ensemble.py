@@ -62,7 +62,7 @@ USE = ("fit", "ema", "printed")
 # MEAN_MIN_OBS observations, and only where its backtest beats every other candidate's clearly (its
 # weight at least MEAN_LEAD x theirs, i.e. its squared error under 1/sqrt(2) of theirs): a small
 # weight on a mean far off (a step, a drift) costs much in a log-scale blend. Tuning part: long
-# steady bars 1.27 -> 1.19 of the mean rate, complete bars 0.90 -> 0.88 of tqdm, no bar worse.
+# steady bars 1.27 -> 1.19 of the mean rate, complete bars 0.90 -> 0.88 of tqdm (bench/RESULTS.md).
 MEAN_MIN_OBS = 20
 MEAN_LEAD = 2.0
 
