@@ -235,14 +235,16 @@ def score_text(name: str, split: str, text: str, table: PriorTable | None) -> tu
 # --- synthetic scenarios: per-item times, printed by tqdm itself on a simulated clock ----------
 
 
-def tqdm_log(per_item: np.ndarray, desc: str, mininterval: float = 0.0) -> str:
-    """The log tqdm writes for these per-item times (its own format and EMA), clock simulated."""
+def tqdm_log(per_item: np.ndarray, desc: str, mininterval: float = 0.0, total: bool = True,
+             unit: str = "it") -> str:
+    """The log tqdm writes for these per-item times (its own format and EMA), clock simulated;
+    total=False: a bar that prints no total (HF datasets' `Generating train split`)."""
     from tqdm import tqdm
 
     clock = [0.0]
     buf = io.StringIO()
-    bar = tqdm(total=len(per_item), desc=desc, file=buf, mininterval=mininterval, miniters=1,
-               ascii=True, dynamic_ncols=False, ncols=100)
+    bar = tqdm(total=len(per_item) if total else None, desc=desc, file=buf, mininterval=mininterval,
+               miniters=1, ascii=True, dynamic_ncols=False, ncols=100, unit=unit)
     bar._time = lambda: clock[0]  # tqdm reads its clock through this attribute
     bar.start_t = bar.last_print_t = 0.0
     for dt in per_item:
@@ -266,6 +268,13 @@ def synthetic_logs(seed: int = 7) -> dict[str, str]:
     logs["eval_pauses_600"] = tqdm_log(pauses, "Training", mininterval=1.0)
     logs["constant_noisy_300"] = tqdm_log(3.0 * noise(300, 0.5), "Training")
     logs["speedup_warm_cache_85"] = tqdm_log(np.r_[np.full(20, 25.0), np.full(65, 5.0)] * noise(85), "shards")
+    # no total, a wandering rate (examples of different sizes): the per-example time is an AR(1) walk
+    # in log space around 1.5 s, as a datasets loading script's `Generating train split` prints it
+    walk = np.zeros(300)
+    for i in range(1, 300):
+        walk[i] = 0.9 * walk[i - 1] + rng.normal(0.0, 0.25)
+    logs["no_total_wander_300"] = tqdm_log(1.5 * np.exp(walk) * noise(300, 0.3), "Generating train split",
+                                           total=False, unit=" examples")
     return logs
 
 

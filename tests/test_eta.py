@@ -497,3 +497,42 @@ def test_a_silent_stage_with_no_history_has_an_unknown_eta_not_zero():
     out = annotate(st, {"phases": []}, now)
     eta = out["runs"][0]["eta"]
     assert eta["eta_s"] is None and eta["eta_low_s"] is None and eta["finish_at"] is None
+
+
+def _candidates(per_item: np.ndarray):
+    """An ensemble.Candidates fed one bar's first-reach observations on a whole-second clock."""
+    from eaglelab.eta.ensemble import Candidates
+
+    c = Candidates(1.0)
+    c.add(0.0, 0, None)
+    t = np.floor(np.cumsum(per_item))
+    for i, ti in enumerate(t):
+        c.add(float(ti), i + 1, None)
+    return c
+
+
+def test_a_bar_of_independent_item_times_is_told_by_its_mean_rate():
+    # 160 items of independent lengths (a Map over stories of different sizes: 5 s x lognormal(0.6)):
+    # the whole history's mean beats the recency-weighted candidates in the backtest, so it joins
+    # (ensemble.MEAN_LEAD); before, the mean was never weighed and the EMA alone made the estimate.
+    from eaglelab.eta.ensemble import combine
+
+    rng = np.random.default_rng(11)
+    per_item = 5.0 * rng.lognormal(0.0, 0.6, 160)
+    c = _candidates(per_item[:120])
+    got = combine(c, 40.0, None, None, None)
+    assert got is not None
+    items_s, _lo, _hi, weights = got
+    assert "mean" in weights and weights["mean"] > 0.5, weights
+    mean_rate = float(np.floor(np.sum(per_item[:120]))) / 120
+    assert abs(items_s / (40 * mean_rate) - 1) < 0.1
+
+
+def test_the_mean_rate_stays_out_after_a_step_in_the_rate():
+    # 2 s per item, then 8 s: the whole history's mean is far off and the backtest says so
+    from eaglelab.eta.ensemble import combine
+
+    rng = np.random.default_rng(5)
+    per_item = np.r_[np.full(60, 2.0), np.full(60, 8.0)] * rng.lognormal(0.0, 0.1, 120)
+    got = combine(_candidates(per_item), 40.0, None, None, None)
+    assert got is not None and "mean" not in got[3], got[3]

@@ -5,7 +5,7 @@ Candidates (each a per-item time as it stood at every first-reach observation of
   fit      the trend/regime fit (estimator.estimate_bar), recorded whenever it was computed
   ema      tqdm's smoothed rate (EMA of the steps between observations, smoothing 0.3)
   slope    the rate over the last SLOPE_OBS observations (at least two clock ticks; not weighed: USE)
-  mean     the whole history's mean rate (kept for the record, not weighed: see USE)
+  mean     the whole history's mean rate (weighed only where it clearly beats the rest: MEAN_LEAD)
   printed  the rate the line itself printed (tqdm's EMA on its exact clock)
 The backtest: from every earlier observation j, each candidate's rate then predicts the time the
 bar took from j for as many items as are left now (or as many as were done since, when fewer);
@@ -52,9 +52,19 @@ YOUNG_TICKS = 8.0
 YOUNG_RANGE = 0.8
 CHANGE_PAIR_WEIGHT = 0.1  # after a step in the rate (the fit's new regime), pairs that start before it weigh this much
 # The candidates weighed. The whole-history mean and the recent slope are computed (the bench's
-# baselines) but left out: on the tuning logs the mean never helped (a bar whose rate holds is the
-# fit's anyway), and the slope, on whole seconds, took weight on noise (long steady bars 1.14 -> 1.07).
+# baselines) but left out of USE: weighed like the others the mean did not help (a bar whose rate
+# holds is the fit's anyway, and a bar whose rate moved is not the mean's), and the slope, on whole
+# seconds, took weight on noise (long steady bars 1.14 -> 1.07).
 USE = ("fit", "ema", "printed")
+# ... but a bar whose items take independent times (a `Map` over stories of different lengths, a
+# datasets generator over examples of different sizes) is best told by its whole history's mean,
+# which the recency-weighted candidates keep missing. So the mean joins once the bar has
+# MEAN_MIN_OBS observations, and only where its backtest beats every other candidate's clearly (its
+# weight at least MEAN_LEAD x theirs, i.e. its squared error under 1/sqrt(2) of theirs): a small
+# weight on a mean far off (a step, a drift) costs much in a log-scale blend. Tuning part: long
+# steady bars 1.27 -> 1.19 of the mean rate, complete bars 0.90 -> 0.88 of tqdm (bench/RESULTS.md).
+MEAN_MIN_OBS = 20
+MEAN_LEAD = 2.0
 
 
 class Candidates:
@@ -137,7 +147,8 @@ def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low:
         return None
     T, N = np.asarray(c.t), np.asarray(c.n)
     R = {k: np.asarray(v, float) for k, v in c.rates.items()}
-    now_items = {k: R[k][m] * remaining for k in USE if k != "fit" and np.isfinite(R[k][m])}
+    use = USE + ("mean",) if m >= MEAN_MIN_OBS else USE
+    now_items = {k: R[k][m] * remaining for k in use if k != "fit" and np.isfinite(R[k][m])}
     if fit_items_s is not None and fit_items_s > 0 and "fit" in USE:
         now_items["fit"] = fit_items_s
     # backtest pairs: from j, the time to do min(remaining, done since j) items
@@ -175,6 +186,9 @@ def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low:
             mse = float(np.sum(pw[fin] * (e * e - noise)) / np.sum(pw[fin]))
             weights[k_] = max(mse, MSE_FLOOR) ** -WEIGHT_POWER
             errs[k_] = e
+    others = [v for k_, v in weights.items() if k_ != "mean"]
+    if "mean" in weights and others and weights["mean"] < MEAN_LEAD * max(others):
+        del weights["mean"]  # the mean only where its backtest clearly beats every other candidate's
     if weights and "printed" in now_items and T[m] - T[0] < YOUNG_TICKS * c.resolution:
         weights = {}  # a few whole-second ticks: every backtest pair is mostly the clock's rounding
     if not weights:
