@@ -68,7 +68,6 @@ def create_app(lab=None, *, conf: str | None = None, profile: str | None = None,
         follow_profile = follow_profile or profile is None
     watch = ConfigWatch(lab, profile=None if follow_profile else lab.cfg.profile) if lab is not None else None
     if source is None:
-
         readers: dict = {}
 
         def source() -> dict:

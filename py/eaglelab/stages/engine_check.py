@@ -51,7 +51,6 @@ PREFIX = "engine/"  # the metric line's keys (the log parser keeps k=v lines as 
 
 def read_served(endpoint: str, get=None) -> dict | None:
     """vLLM's spec_decode figures since the server started, or None when it does not answer or drafts nothing."""
-
     get = get or (lambda url: requests.get(url, timeout=10))
     try:
         r = get(f"{endpoint}/metrics")

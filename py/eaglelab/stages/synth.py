@@ -192,7 +192,6 @@ class ServedAcceptance:
         self._thread: threading.Thread | None = None
 
     def read(self) -> dict | None:
-
         try:
             r = self.get(self.url)
             r.raise_for_status()
@@ -201,7 +200,6 @@ class ServedAcceptance:
             return None
 
     def poll(self) -> dict | None:
-
         now = self.read()
         if now is None:
             return None

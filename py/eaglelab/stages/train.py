@@ -340,7 +340,6 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
         cpu_patches()
         torch.use_deterministic_algorithms(True, warn_only=True)  # cheap here; the demo's numbers repeat
     else:  # GPU memory spent on purpose, and no uncompiled flex attention (train_memory.py says why)
-
         train_memory.install_frozen_cast(echo=click.echo if lead else None)
         train_memory.set_compile_limits(ttt_steps)
     announce_plan()
@@ -351,7 +350,6 @@ def main(model: Path, data: Path, hidden_states: Path, vocab: Path, out_dir: Pat
         click.echo(f"train: speculators train {' '.join(argv)}")
     train_cfg = TrainConfig.resolve(argv)
     if acceptance_k > 0:
-
         acceptance.install_trainer_hook(out_dir=out_dir, verifier=model, data=data, hidden_states=hidden_states,
                                         k=acceptance_k, train_data_ratio=train_cfg.data.train_data_ratio,
                                         max_samples=acceptance_samples, echo=lambda m: click.echo(m, err=False),

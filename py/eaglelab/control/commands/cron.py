@@ -239,7 +239,6 @@ def plan(ctx: click.Context, stages: tuple[str, ...], force: bool, offline: bool
 
 def _offline_plan(ctx: click.Context, stages: list[str] | None, as_json: bool) -> None:
     """The plan that knows what fits, from the config and the model's facts alone."""
-
     root = ctx.find_root().obj
     cfg = config_mod.load(root.conf, root.profile)
     p = make_fit_plan(cfg, stages)

@@ -61,7 +61,6 @@ def tail_cmd(dirs: tuple[Path, ...], once: bool) -> None:
     A DIR holding output.log or meta.json is one run; any other DIR is watched for runs inside it,
     including ones that appear later. Runs that have ended get a final state and are let go.
     """
-
     stop = threading.Event()
     if not once:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -26,7 +26,6 @@ from status_web import server as web_server
 def web(ctx: click.Context, host: str | None, port: int | None, refresh_s: float, read_token: bool,
         access_log: bool) -> None:
     """Serve the status page, /api/status and /metrics (actions need the token in $EAGLELAB_TOKEN)."""
-
     lab = ctx.obj.lab
     wcfg = lab.cfg.lab.web
     host = host or wcfg.host
