@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,8 @@ LAB = REPO / "bin" / "lab"
 
 class Lab:
     def __init__(self, root: Path, vars_: dict | None = None, ports: tuple[int, int, int] = (8210, 8211, 8212),
-                 drop_stages: tuple[str, ...] = (), samples: int = 64, lab_extra: dict | None = None):
+                 drop_stages: tuple[str, ...] = (), samples: int = 64, lab_extra: dict | None = None,
+                 env: dict | None = None):
         self.root, self.conf, self.data = root, root / "conf", root / "data"
         (self.conf / "profiles").mkdir(parents=True)
         (self.conf / "lab.yaml").write_text(yaml.safe_dump({
@@ -36,6 +36,7 @@ class Lab:
                              "extract_concurrency": "1", "port_target": str(ports[0]), "port_extract": str(ports[1]),
                              "port_eval": str(ports[2]), "eval_limit": "4", "eval_max_tokens": "32", **(vars_ or {})})
         assert prof["vars"]["eval_concurrency"] == "1 4" and prof["vars"]["eval_repeats"] == "2"  # the demo's sweep
+        prof["env"] = {**prof.get("env", {}), **(env or {})}
         (self.conf / "profiles" / "e2e.yaml").write_text(yaml.safe_dump(prof))
         self.transcript: list[str] = []
 
@@ -71,10 +72,22 @@ class Lab:
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {what}")
 
-    def pause_stage(self, stage: str) -> None:
-        """SIGSTOP the running stage's process group: it stays as it is until stopped or continued."""
+    def wait_paused(self, stage: str, timeout: float) -> None:
+        """Until a process of the running stage's group is stopped (SIGSTOP: state T in /proc)."""
         metas = sorted((self.root / "work" / "runs").glob(f"{stage}-*/meta.json"))
-        os.killpg(json.loads(metas[-1].read_text())["pgid"], signal.SIGSTOP)
+        pgid = json.loads(metas[-1].read_text())["pgid"]
+
+        def stopped() -> bool:
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                try:
+                    fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
+                except OSError:
+                    continue
+                if fields[0] == "T" and int(fields[2]) == pgid:
+                    return True
+            return False
+
+        self.wait_for(stopped, timeout, f"{stage} paused")
 
     def kill_stage(self, stage: str) -> None:
         """SIGKILL the running stage's process group at once (no grace), from its meta.json."""

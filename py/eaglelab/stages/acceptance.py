@@ -39,6 +39,9 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -426,6 +429,11 @@ def release(device) -> tuple[float, float] | None:
     return gpu_memory(device) or (None, None)
 
 
+# Set to an epoch number, the train stage stops itself (SIGSTOP) once that checkpoint is saved and
+# estimated: fault drills and tests (tests/test_pipeline_e2e.py), never a profile.
+PAUSE_ENV = "EAGLELAB_PAUSE_AFTER_CHECKPOINT"
+
+
 def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_states: Path, k: int,
                          train_data_ratio: float, max_samples: int, echo, temperature: float = 0.0,
                          top_p: float = 1.0) -> None:
@@ -435,8 +443,6 @@ def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_st
     and training goes on: the estimate is advice, the checkpoint is the product. speculators'
     interrupt (its TERM/INT handler raises where the code is, often inside the estimate) is passed
     on: `lab stop train` during an estimate once let training run to its end (CI of stop 36)."""
-    import os
-
     import speculators.train.trainer as trainer
     from speculators.train.graceful_shutdown import TrainingInterruptedError
 
@@ -445,6 +451,15 @@ def install_trainer_hook(*, out_dir: Path, verifier: Path, data: Path, hidden_st
 
     def save_then_estimate(self, epoch, local_step: int = 0):
         original(self, epoch, local_step=local_step)
+        estimate_saved(self, epoch, local_step)
+        if isinstance(epoch, int) and os.environ.get(PAUSE_ENV) == str(epoch):
+            # A fault drill: the stage stops itself here, whole, so that a test can stop or kill it at a
+            # known point (polling for the checkpoint lost the race to the next epochs under load).
+            echo(f"acceptance: paused after checkpoint {epoch} ({PAUSE_ENV}); SIGCONT goes on")
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    def estimate_saved(self, epoch, local_step: int) -> None:
         if not isinstance(epoch, int) or int(os.environ.get("RANK", "0")) != 0:
             return
         ckpt = Path(self.checkpointer.path) / str(epoch)
