@@ -117,3 +117,27 @@ def test_the_log_line_carries_both_forecasts_to_the_train_page():
     assert m["acceptance/sampled_rate"][-1][1] == pytest.approx(0.4, abs=1e-4)
     assert m["acceptance/sampled_mean_length"][-1][1] == pytest.approx(1.8, abs=1e-4)
     assert "T=1, top-p 0.95: 40.00% / 1.80" in acceptance.describe(doc)
+
+
+def test_a_sampled_forecast_on_greedy_rows_says_it_is_off_policy(tmp_path, monkeypatch):
+    """The rows' sampling is read from the synth run prepare read; greedy rows under a sampled forecast
+    are named off-policy in the forecast and its words (the demo: 16.0% there, 7.2% on sampled rows)."""
+    from eaglelab import manifest
+
+    monkeypatch.chdir(tmp_path)  # prepare names its inputs relative to the lab, as the train stage runs there
+    (tmp_path / "synth").mkdir()
+    (tmp_path / "synth" / "responses.jsonl").write_text("{}\n")
+    manifest.write(tmp_path / "synth", "synth", [tmp_path / "synth" / "responses.jsonl"],
+                   params={"sampling": {"temperature": 0.0, "top_p": 1.0}})
+    (tmp_path / "prepared").mkdir()
+    manifest.write(tmp_path / "prepared", "prepare", [], params={"inputs": {"synth/responses.jsonl": "x"}})
+    rows = acceptance.rows_sampling(tmp_path / "prepared")
+    assert rows == {"temperature": 0.0, "top_p": 1.0}
+    doc = {"sampled": {"temperature": 1.0, "top_p": 0.95, "acceptance_rate": 0.16, "mean_acceptance_length": 1.48}}
+    acceptance.mark_policy(doc, rows)
+    assert doc["sampled"]["on_policy"] is False
+    assert "off-policy: the rows were drawn at T=0, top-p 1" in acceptance.describe(doc)
+    on = acceptance.mark_policy({"sampled": {**doc["sampled"], "on_policy": None}},
+                                {"temperature": 1.0, "top_p": 0.95})
+    assert on["sampled"]["on_policy"] is True and "off-policy" not in acceptance.describe(on)
+    assert acceptance.rows_sampling(tmp_path / "nowhere") is None

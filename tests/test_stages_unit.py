@@ -471,6 +471,64 @@ def test_tiny_model_is_sharded_has_masks_and_is_idempotent(tiny):
     assert "skipping" in p.stdout and (model / "config.json").stat().st_mtime_ns == before
 
 
+def top1_at_t1(model, tok, prompts: list[str]):
+    """The target's largest probability at T=1 at every position of the prompts, and its argmax there."""
+    import torch
+
+    tops, argmaxes = [], []
+    for text in prompts:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"]
+        with torch.no_grad():
+            logits = model(ids).logits[0].float()
+        tops.append(logits.softmax(-1).max(-1).values)
+        argmaxes.append(logits.argmax(-1))
+    return torch.cat(tops), torch.cat(argmaxes)
+
+
+def test_logit_scale_peaks_the_target_at_t1_and_keeps_its_argmax(tiny):
+    """HF's random init is near-uniform at T=1 (nothing is kept when sampling); logits x32 (the demo's
+    --logit-scale) peak it and leaves every argmax, so greedy decoding, exactly as it was."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eaglelab.stages import tiny_model
+
+    tok = AutoTokenizer.from_pretrained(tiny / "model")
+    model = AutoModelForCausalLM.from_pretrained(tiny / "model").eval()
+    prompts = [json.loads(x)["messages"][0]["content"] for x in (tiny / "eval.jsonl").read_text().splitlines()]
+    flat, argmax = top1_at_t1(model, tok, prompts)
+    assert flat.max() < 0.01, f"the unscaled random target should be near-uniform: top-1 up to {flat.max():.4f}"
+    tiny_model.sharpen(model, 32.0)
+    peaked, argmax32 = top1_at_t1(model, tok, prompts)
+    assert peaked.mean() > 0.3 and peaked.min() > 0.05, f"top-1 at T=1: mean {peaked.mean():.3f}, min {peaked.min():.3f}"
+    assert (argmax32 == argmax).all()
+
+
+def test_tiny_model_cli_applies_logit_scale(tmp_path):
+    """The option reaches the saved weights (in process: a subprocess's imports cost seconds more)."""
+    import torch
+    from click.testing import CliRunner
+    from safetensors import safe_open
+
+    from eaglelab.stages import tiny_model
+
+    out = tmp_path / "model"
+    args = ["--out", str(out), "--vocab-size", "300", "--text-glob", "/usr/share/common-licenses/GPL-3",
+            "--hidden", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--intermediate", "64"]
+    r = CliRunner().invoke(tiny_model.main, [*args, "--logit-scale", "0"])
+    assert r.exit_code != 0 and "--logit-scale 0.0: must be > 0" in r.output + str(r.exception)
+    r = CliRunner().invoke(tiny_model.main, [*args, "--logit-scale", "32"])
+    assert r.exit_code == 0, r.output
+    assert manifest.read(out)["params"]["logit_scale"] == 32.0
+    w = {}
+    for f in out.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as sf:
+            w.update({k: sf.get_tensor(k).float() for k in sf.keys() if k in ("lm_head.weight", "model.norm.weight")})
+    # the final norm's weight (HF: ones) carries the scale; lm_head, which a drafter copies, is HF's N(0, 0.02)
+    assert torch.equal(w["model.norm.weight"], torch.full_like(w["model.norm.weight"], 32.0))
+    assert 0.015 < w["lm_head.weight"].std() < 0.025
+
+
 def test_transformers_backend_final_layer_is_pre_norm_and_batching_agrees(tiny):
     import torch
 

@@ -29,7 +29,9 @@ after temperature and top-p (vLLM's rejection sampler). vLLM's EAGLE proposer dr
 q is a point mass on the drafted token (mapped to the verifier's ids through d2t) and the sum is
 p(x): a step is kept with probability p_{t+s}(draft_s(t)). The same prefix products and the same
 walk, in expectation, give `sampled` (`acceptance/sampled_rate`), for the eval's temperature and
-top-p (`--temperature`, `--top-p`; the pipeline passes eval_temperature and eval_top_p).
+top-p (`--temperature`, `--top-p`; the pipeline passes eval_temperature and eval_top_p). That expectation
+walks the held-out rows' own path: it forecasts sampled serving only when the rows were sampled as the
+eval samples (kimi-k2.5's synth; the demo's is greedy), so the train hook marks it `on_policy` (`rows`).
 
     python -m eaglelab.stages.acceptance --checkpoint data/demo/checkpoints/3 --model data/demo/model \
         --data data/demo/prepared --hidden-states data/demo/hidden_states --k 3 --temperature 1.0 --top-p 0.95
@@ -352,8 +354,11 @@ def describe(doc: dict) -> str:
                    f"{doc['chain']['mean_acceptance_length']:.2f}")
     sd = doc.get("sampled")
     if isinstance(sd, dict):
+        off = sd.get("rows") if sd.get("on_policy") is False else None
         out.append(f"sampled at T={sd['temperature']:g}, top-p {sd['top_p']:g}: {sd['acceptance_rate']:.2%} / "
-                   f"{sd['mean_acceptance_length']:.2f}")
+                   f"{sd['mean_acceptance_length']:.2f}"
+                   + (f" (off-policy: the rows were drawn at T={off['temperature']:g}, top-p {off['top_p']:g})"
+                      if off else ""))
     return "; ".join(out)
 
 
@@ -371,6 +376,31 @@ def read(out_dir: Path) -> list[dict]:
         if isinstance(d, dict) and isinstance(d.get("acceptance_rate"), (int, float)):
             docs.append(d)
     return docs
+
+
+def rows_sampling(data: Path) -> dict | None:
+    """How the held-out rows were generated: {temperature, top_p} of the synth run that prepare read (its
+    manifest's inputs -> that directory's synth manifest), None where that cannot be told."""
+    from .. import manifest
+
+    doc = manifest.read(data) or {}
+    for src in (doc.get("params") or {}).get("inputs") or {}:
+        sampling = ((manifest.read(Path(src).parent) or {}).get("params") or {}).get("sampling")
+        if isinstance(sampling, dict) and isinstance(sampling.get("temperature"), (int, float)):
+            return {"temperature": float(sampling["temperature"]), "top_p": float(sampling.get("top_p", 1.0))}
+    return None
+
+
+def mark_policy(doc: dict, rows: dict | None) -> dict:
+    """Say in the sampled forecast whether its rows were drawn as the eval samples (`on_policy`). The
+    expectation is taken on the rows' own path: on greedy rows it is the sampled acceptance along the
+    greedy path, where a drafter trained on greedy rows does best (the demo: 16.0% there, 7.2% on the
+    eval prompts' sampled answers; docs/foresight.md)."""
+    sd = doc.get("sampled")
+    if isinstance(sd, dict) and rows is not None:
+        sd["rows"] = rows
+        sd["on_policy"] = rows["temperature"] == sd["temperature"] and rows["top_p"] == sd["top_p"]
+    return doc
 
 
 def load_checkpoint(checkpoint: Path, device: str = "cpu", dtype=None):
@@ -403,8 +433,9 @@ def estimate_checkpoint(ckpt: Path, verifier: Path, data: Path, hidden_states: P
         lm_head = verifier_lm_head(verifier, device, dtype)
         drafter = load_checkpoint(ckpt, "cpu" if device.type == "cpu" else str(device), dtype)
         try:
-            return estimate(drafter, lm_head, held_out_samples(data, hidden_states, train_data_ratio, max_samples), k,
-                            temperature, top_p)
+            return mark_policy(estimate(drafter, lm_head, held_out_samples(data, hidden_states, train_data_ratio,
+                                                                      max_samples), k, temperature, top_p),
+                               rows_sampling(data))
         finally:
             del drafter, lm_head
 
