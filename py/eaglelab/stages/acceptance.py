@@ -49,6 +49,8 @@ from pathlib import Path
 
 import click
 
+from .. import manifest
+
 FILE_NAME = "acceptance.jsonl"  # in the train stage's --out, one line per estimated checkpoint
 LOG_PREFIX = "acceptance/"      # the metric line's keys (host/parse/speculators.py reads k=v lines)
 
@@ -381,8 +383,6 @@ def read(out_dir: Path) -> list[dict]:
 def rows_sampling(data: Path) -> dict | None:
     """How the held-out rows were generated: {temperature, top_p} of the synth run that prepare read (its
     manifest's inputs -> that directory's synth manifest), None where that cannot be told."""
-    from .. import manifest
-
     doc = manifest.read(data) or {}
     for src in (doc.get("params") or {}).get("inputs") or {}:
         sampling = ((manifest.read(Path(src).parent) or {}).get("params") or {}).get("sampling")
