@@ -260,9 +260,14 @@ def sampled_words(sd: Acceptance | None, offline: Acceptance | None) -> str:
         return ""
     mal = sd.mean_acceptance_length
     out = pct(sd.acceptance_rate) + ("" if mal is None else f", mean length {mal:.2f}")
+    if sd.on_policy is False:  # an offline figure on rows the eval would not have drawn
+        out += OFF_POLICY
     if offline is not None and offline.acceptance_rate is not None:
-        out += f" (offline forecast {pct(offline.acceptance_rate)})"
+        out += f" (offline forecast {pct(offline.acceptance_rate)}{OFF_POLICY if offline.on_policy is False else ''})"
     return out
+
+
+OFF_POLICY = ", on rows not drawn as the eval samples"
 
 
 def fixed(v: float | None, unit: str = "") -> str:

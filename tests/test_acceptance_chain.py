@@ -141,3 +141,31 @@ def test_a_sampled_forecast_on_greedy_rows_says_it_is_off_policy(tmp_path, monke
                                 {"temperature": 1.0, "top_p": 0.95})
     assert on["sampled"]["on_policy"] is True and "off-policy" not in acceptance.describe(on)
     assert acceptance.rows_sampling(tmp_path / "nowhere") is None
+
+
+def test_the_off_policy_mark_travels_from_the_log_line_to_the_page():
+    """acceptance/sampled_on_policy=0 on the train's metric line -> the forecast's `sampled` says
+    on_policy false -> the page's words name it (beside the figure, and beside a served one)."""
+    from eaglelab.control.foresight import forecast
+    from eaglelab.pipeline_status import Acceptance
+    from status_web.model import sampled_words
+
+    doc = {"acceptance_rate": 0.3, "mean_acceptance_length": 1.6, "per_position": [0.4, 0.2],
+           "sampled": {"temperature": 1.0, "top_p": 0.95, "on_policy": False,
+                       **acceptance.summarize([1.0, 0.2], 1.5, 2)}, "epoch": 0, "global_step": 8}
+    st = LogState()
+    st.feed_line(acceptance.log_line(doc), 1)
+    run = {"id": "train-1", "stage": "train", "log_state": {"metrics": st.snapshot()["metrics"]}}
+    sd = forecast.offline_evidence(run)["sampled"]
+    assert sd["on_policy"] is False and sd["acceptance_rate"] == pytest.approx(0.4, abs=1e-4)
+    offline = Acceptance.from_json(sd)
+    assert offline.on_policy is False
+    assert sampled_words(offline, None) == "40.0%, mean length 1.80, on rows not drawn as the eval samples"
+    served = Acceptance.from_json({"acceptance_rate": 0.02, "mean_acceptance_length": 1.05})
+    assert sampled_words(served, offline).endswith("(offline forecast 40.0%, on rows not drawn as the eval samples)")
+    # rows drawn as the eval samples, or an older line without the mark: nothing said
+    doc["sampled"]["on_policy"] = True
+    st = LogState()
+    st.feed_line(acceptance.log_line(doc), 1)
+    again = forecast.offline_evidence({"log_state": {"metrics": st.snapshot()["metrics"]}})["sampled"]
+    assert again["on_policy"] is True and "not drawn" not in sampled_words(Acceptance.from_json(again), None)

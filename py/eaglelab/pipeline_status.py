@@ -57,15 +57,18 @@ class Acceptance:
     epoch: str | None = None
     run: str | None = None
     json: dict = field(default_factory=dict, compare=False, repr=False)
+    on_policy: bool | None = None  # a sampled forecast: were its rows drawn as the eval samples?
 
     @classmethod
     def from_json(cls, data: Any) -> Acceptance | None:
         """None when there are no figures at all (absent, not an object, an empty object)."""
         if not isinstance(data, dict) or not data:
             return None
+        on_policy = data.get("on_policy")
         return cls(_number(data.get("acceptance_rate")), _number(data.get("mean_acceptance_length")),
                    cls.from_json(data.get("sampled")), cls.from_json(data.get("greedy")),
-                   _words(data.get("epoch")), _words(data.get("run")), data)
+                   _words(data.get("epoch")), _words(data.get("run")), data,
+                   on_policy if isinstance(on_policy, bool) else None)
 
     def to_json(self) -> dict:
         return self.json
@@ -92,7 +95,7 @@ class Forecast(Acceptance):
         if base is None:
             return None
         return cls(base.acceptance_rate, base.mean_acceptance_length, base.sampled, base.greedy, base.epoch,
-                   base.run, data, _str(data.get("verdict")), _number(data.get("speedup")), _str(data.get("source")),
+                   base.run, data, base.on_policy, _str(data.get("verdict")), _number(data.get("speedup")), _str(data.get("source")),
                    _int(data.get("checkpoints")), _iso_time(data.get("made_at")), _str(data.get("decoding")),
                    _texts(data.get("reasons")), Acceptance.from_json(data.get("offline")),
                    Acceptance.from_json(data.get("served_checkpoint")))

@@ -333,7 +333,7 @@ def record(out_dir: Path, doc: dict) -> dict:
 
 def log_line(doc: dict) -> str:
     """`acceptance/rate=0.4123, acceptance/mean_length=2.237, acceptance/pos_0=..., acceptance/chain_rate=...,
-    acceptance/chain_mean_length=..., [acceptance/sampled_rate=..., acceptance/sampled_mean_length=...,]
+    acceptance/chain_mean_length=..., [acceptance/sampled_rate=..., acceptance/sampled_mean_length=..., [acceptance/sampled_on_policy=0|1,]]
     global_step=N` (a metric line)."""
     parts = [f"{LOG_PREFIX}rate={doc['acceptance_rate']:.4f}", f"{LOG_PREFIX}mean_length={doc['mean_acceptance_length']:.4f}"]
     parts += [f"{LOG_PREFIX}pos_{i}={p:.4f}" for i, p in enumerate(doc["per_position"])]
@@ -341,6 +341,8 @@ def log_line(doc: dict) -> str:
         if isinstance(doc.get(name), dict):
             parts += [f"{LOG_PREFIX}{name}_rate={doc[name]['acceptance_rate']:.4f}",
                       f"{LOG_PREFIX}{name}_mean_length={doc[name]['mean_acceptance_length']:.4f}"]
+    if isinstance(doc.get("sampled"), dict) and isinstance(doc["sampled"].get("on_policy"), bool):
+        parts.append(f"{LOG_PREFIX}sampled_on_policy={int(doc['sampled']['on_policy'])}")  # mark_policy's word
     if doc.get("epoch") is not None:
         parts.append(f"epoch={doc['epoch']}")
     if doc.get("global_step") is not None:

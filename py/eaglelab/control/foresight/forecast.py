@@ -35,6 +35,7 @@ from eaglelab.side_jobs import SMOKE_PREFIX
 RATE, LENGTH = "acceptance/rate", "acceptance/mean_length"
 CHAIN_RATE, CHAIN_LENGTH = "acceptance/chain_rate", "acceptance/chain_mean_length"
 SAMPLED_RATE, SAMPLED_LENGTH = "acceptance/sampled_rate", "acceptance/sampled_mean_length"
+SAMPLED_ON_POLICY = "acceptance/sampled_on_policy"  # 0: the rows were not drawn as the eval samples
 def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -122,6 +123,19 @@ def as_served(ev: dict, decoding: str) -> dict:
     return ev
 
 
+def sampled_evidence(metrics: dict) -> dict | None:
+    """The last sampled forecast, with `on_policy: false` when its line said its rows were not drawn as
+    the eval samples (greedy rows under a sampled eval: the demo's synth; docs/foresight.md)."""
+    sd = _last_pair(metrics, SAMPLED_RATE, SAMPLED_LENGTH)
+    marks = metrics.get(SAMPLED_ON_POLICY) or []
+    if sd is not None and len(marks) == len(metrics.get(SAMPLED_RATE) or []):  # from the same line
+        try:
+            sd["on_policy"] = bool(float(marks[-1][1]))
+        except (TypeError, ValueError, IndexError):
+            pass
+    return sd
+
+
 def offline_evidence(run: dict) -> dict | None:
     """The last offline estimate in a run's log state, and how many there were; None without any.
     Headline: the greedy chain (as vLLM drafts) when the estimate made one, else the every-start average."""
@@ -135,7 +149,7 @@ def offline_evidence(run: dict) -> dict | None:
         greedy = None
     curve = metrics[CHAIN_RATE] if greedy is not None else metrics[RATE]
     return {**(greedy or every), "greedy": greedy, "all_starts": every,
-            "sampled": _last_pair(metrics, SAMPLED_RATE, SAMPLED_LENGTH),
+            "sampled": sampled_evidence(metrics),
             "checkpoints": len(metrics[RATE]), "curve": [[p[0], p[1]] for p in curve], "run": run.get("id"),
             "stage": run.get("stage")}
 
