@@ -32,6 +32,7 @@ past the reasoning's opening instead of the opening of <think>. The window is st
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -41,7 +42,7 @@ import requests
 from .. import manifest
 from ..errors import StageError
 from ..fsutil import atomic_write_json, read_json
-from . import common, eval_bench
+from . import common, eval_bench, output_probe
 
 SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens": "accepted"}
@@ -256,6 +257,33 @@ def check_served(endpoint: str, model: str) -> None:
         raise StageError(f"{endpoint} serves {served}, not {model!r}")
 
 
+def run_probe(endpoint: str, model: str, dataset: Path, prompts: int, max_tokens: int, temperature: float, top_p: float,
+              seed: int, mode: str) -> dict | None:
+    """The output probe over the sweep's first `prompts` prompts (as the benchmark sent them), said aloud."""
+    if not prompts:
+        return None
+    texts = [json.loads(x)["prompt"] for x in dataset.read_text().splitlines() if x.strip()][:prompts]
+    try:
+        doc = output_probe.probe(endpoint, model, texts, max_tokens, temperature, top_p, None if seed < 0 else seed)
+    except requests.RequestException as e:
+        raise StageError(f"{endpoint}: the output probe's request failed ({e}); eval_output_probe 0 turns it off") from None
+    who = "vLLM with the drafter" if mode == "spec" else "vLLM without a drafter"
+    click.echo(f"eval: output probe: {output_probe.words(doc, who)}")
+    return doc
+
+
+def probe_fault(spec: dict | None, baseline: dict | None) -> str | None:
+    """The fault in words when the drafter's server fails the probe (pure); the baseline's figure beside it,
+    which tells a broken drafting path (baseline clean) from a server that samples wrongly on its own."""
+    if not spec or not spec["verdict"]["fault"]:
+        return None
+    base = ""
+    if baseline:
+        base = (f"; without the drafter {'the same fault' if baseline['verdict']['fault'] else 'none'}: "
+                + output_probe.figures(baseline))
+    return output_probe.words(spec, "vLLM with the drafter") + base
+
+
 @click.command()
 @click.option("--mode", type=click.Choice(["baseline", "spec"]), required=True)
 @click.option("--endpoint", required=True)
@@ -287,13 +315,17 @@ def check_served(endpoint: str, model: str) -> None:
 @click.option("--rounds", default=0, show_default=True, type=click.IntRange(min=0),
               help=">0: each cell sends rounds x its concurrency requests (at most --limit): every cell lasts "
                    "about as long, instead of the low-concurrency cells taking hours (profile var eval_rounds)")
+@click.option("--output-probe", "probe_prompts", default=4, show_default=True, type=click.IntRange(min=0),
+              help="after the sweep, this many prompts through the output probe (eaglelab.stages.output_probe: "
+                   "does the server still sample its target's distribution? 0: off; profile var eval_output_probe)")
+@click.option("--output-probe-tokens", "probe_tokens", default=32, show_default=True, type=click.IntRange(min=1))
 @click.option("--trust-remote-code/--no-trust-remote-code", default=False)
 @click.option("--fail-if-slower", is_flag=True, help="exit non-zero when the drafter makes serving slower")
 def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, baseline_file: Path | None,
          drafter: Path | None, max_tokens: int, concurrency_text: str, repeats: int, temperature: float,
          top_p: float, seed: int, decide_sampling: str, window_rows_text: str, window_offset: int,
-         decide_text: str, limit: int | None, rounds: int, trust_remote_code: bool,
-         fail_if_slower: bool) -> None:
+         decide_text: str, limit: int | None, rounds: int, probe_prompts: int, probe_tokens: int,
+         trust_remote_code: bool, fail_if_slower: bool) -> None:
     """Measure serving with and without the drafter over a concurrency sweep; report and verdict."""
     endpoint = endpoint.rstrip("/")
     levels = parse_concurrency(concurrency_text)
@@ -342,11 +374,13 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
                     else f"the first {max_tokens} tokens of each answer")
     cells = run_sweep(endpoint, model, dataset, len(rows), plan, repeats, max_tokens, out_dir / "bench-logs",
                       trust_remote_code, mode, rounds)
+    probe = run_probe(endpoint, model, dataset, probe_prompts, probe_tokens, temperature, top_p, seed, mode)
 
     if mode == "baseline":
         first = next(c for c in cells if c["sampling"] == decision and c["concurrency"] == decide_at)
         doc = {"schema": 2, "mode": "baseline", "settings": settings, "cells": cells,
-               "tokens_per_s": first["tokens_per_s"]["mean"], "requests": len(rows)}
+               "tokens_per_s": first["tokens_per_s"]["mean"], "requests": len(rows),
+               **({"output_probe": probe} if probe else {})}
         atomic_write_json(out_dir / "baseline.json", doc)
         for c in cells:
             click.echo(f"eval baseline: {c['sampling']} concurrency {c['concurrency']}: "
@@ -375,6 +409,9 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
     v, reasons = cmp_["verdict"], cmp_["reasons"]
     speedup = cmp_["speedup"]
     sampled = sampled_at(sweep, decide_at, settings)
+    fault = probe_fault(probe, base.get("output_probe"))
+    if fault and sampled:
+        sampled = {**sampled, "engine_fault": fault}  # its acceptance is the broken path's, not the drafter's
     greedy = cell_at(sweep, "greedy", decide_at)  # beside a sampled verdict: the greedy cell, and vice versa
     pays_up_to = [r["concurrency"] for r in sweep if r["sampling"] == decision and r["comparison"]["verdict"] == "PAYS"]
     for r in sweep:  # the report keeps figures, not every generated text
@@ -388,7 +425,9 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
               **{k: d[k] for k in ("drafts", "draft_tokens", "accepted_tokens", "acceptance_rate",
                                    "mean_acceptance_length", "per_position_acceptance")},
               "same_output_as_baseline": cmp_["same_output_as_baseline"], "requests": len(rows),
-              "verdict": v, "reasons": reasons, "pays_at_concurrency": pays_up_to, "sweep": sweep}
+              "verdict": v, "reasons": reasons, "pays_at_concurrency": pays_up_to, "sweep": sweep,
+              **({"output_probe": {"spec": probe, "baseline": base.get("output_probe"), "fault": fault}}
+                 if probe else {})}
     atomic_write_json(out_dir / "report.json", report)
     per_cell = f"{rounds} x concurrency (at most {len(rows)})" if rounds else f"{len(rows)}"
     click.echo(f"eval sweep ({per_cell} requests x {max_tokens} tokens per cell, {repeats} repeat(s); "
@@ -413,6 +452,13 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
                f"concurrency={decide_at} sampling={decision}" + (f" window_offset={window_offset}" if window else ""))
     reasons = [f"decided at concurrency {decide_at} ({decision}) on {window_words}, eval_decide_sampling {decide_sampling}",
                *reasons]
+    if fault:
+        bar = "!" * 78
+        click.echo(f"{bar}\n!!! ENGINE OUTPUT FAULT: {fault}.\n!!! With the drafter this server's sampled outputs are "
+                   "not the target's: the sampled cells measure a broken\n!!! sampling path, not the drafter (greedy "
+                   f"cells are unaffected: their outputs are compared to the baseline's).\n{bar}")
+        if decision == "sampled":
+            reasons.append(f"ENGINE OUTPUT FAULT: {fault}")
     if v in ("SLOWER", "LOW_ACCEPTANCE"):
         bar = "!" * 78
         click.echo(f"{bar}\n!!! VERDICT: {v}: " + "; ".join(reasons) +
@@ -431,6 +477,10 @@ def main(mode: str, endpoint: str, model: str, prompts: Path, out_dir: Path, bas
                           "window": window_words,
                           "greedy": greedy,  # the greedy cell at the same concurrency (beside a sampled verdict)
                           "sampled": sampled,  # the sampled cell at the same concurrency (None: no sampled sweep)
+                          **({"output_probe": {"fault": fault, "spec": output_probe.words(probe, "vLLM with the drafter"),
+                                               **({"baseline": output_probe.words(base["output_probe"],
+                                                                                  "vLLM without it")}
+                                                  if base.get("output_probe") else {})}} if probe else {}),
                           "sweep": [{"sampling": r["sampling"], "concurrency": r["concurrency"],
                                      "speedup": r["comparison"]["speedup"], "verdict": r["comparison"]["verdict"],
                                      "acceptance_rate": r["spec"]["acceptance_rate"]} for r in sweep]})

@@ -22,8 +22,9 @@ from pathlib import Path
 from ..errors import StageError
 
 
-def render_prompts(prompts: list[dict], model: str, max_tokens: int, out: Path, trust_remote_code: bool) -> None:
-    """The benchmark's custom dataset: {"prompt": chat-templated text, "output_tokens": N} per row."""
+def rendered_prompts(prompts: list[dict], model: str, trust_remote_code: bool = False) -> list[str]:
+    """Each prompt's messages as the text the server is sent: the target's own chat template, generation
+    prompt added, without a BOS the server adds itself."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
@@ -31,12 +32,19 @@ def render_prompts(prompts: list[dict], model: str, max_tokens: int, out: Path, 
         raise StageError(f"{model}: the tokenizer has no chat template; eval renders prompts with it")
     # the server tokenizes the prompt with special tokens: a BOS the template wrote would be doubled
     adds_bos = bool(tok.bos_token_id is not None and tok("x").input_ids[:1] == [tok.bos_token_id])
-    lines = []
+    out = []
     for r in prompts:
         text = tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
         if adds_bos and tok.bos_token and text.startswith(tok.bos_token):
             text = text[len(tok.bos_token):]
-        lines.append(json.dumps({"prompt": text, "output_tokens": max_tokens}))
+        out.append(text)
+    return out
+
+
+def render_prompts(prompts: list[dict], model: str, max_tokens: int, out: Path, trust_remote_code: bool) -> None:
+    """The benchmark's custom dataset: {"prompt": chat-templated text, "output_tokens": N} per row."""
+    lines = [json.dumps({"prompt": text, "output_tokens": max_tokens})
+             for text in rendered_prompts(prompts, model, trust_remote_code)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
 
