@@ -51,7 +51,7 @@ WEIGHT_S: dict[str, float] = {
 # (tests/test_docs.py checks it, so a new file must be given a part).
 PARTS: dict[str, tuple[str, ...]] = {
     "parse": ("test_parse_*", "test_tail_*"),
-    "stages": ("test_stages_unit", "test_extract", "test_acceptance", "test_acceptance_chain", "test_served_acceptance", "test_serve_smoke", "test_multigpu",
+    "stages": ("test_stages_unit", "test_output_probe", "test_extract", "test_acceptance", "test_acceptance_chain", "test_served_acceptance", "test_serve_smoke", "test_multigpu",
                "test_engine_check", "test_pilot", "test_train_*", "test_model", "test_drafter_support"),
     "pipeline": ("test_pipeline_e2e", "test_foresight_demo", "test_gates", "test_forecast_unit", "test_side_jobs"),
     "ssh": ("test_ssh_*", "test_transfers", "test_demo_spread"),

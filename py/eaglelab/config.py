@@ -346,6 +346,8 @@ class EngineCheckConfig(_Strict):
                                        # run beside synth's server (Kimi-K2.5): compared instead of computing one
     port: str | int = 8104             # synth's server with the drafter (serve_synth)
     min_drafts: int = Field(20, ge=1)  # fewer drafts counted by vLLM: no judgement (too few to compare)
+    output_probe: int = Field(4, ge=0)  # synth prompts through the output probe on serve_synth (does it still
+                                       # sample the target's distribution? eaglelab.stages.output_probe); 0: off
 
 
 class PipelineConfig(_Strict):

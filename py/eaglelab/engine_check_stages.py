@@ -72,7 +72,7 @@ def add(cfg, where: Path | None) -> list[str]:
     synth.command = [*synth.command, "--endpoint", endpoint]
     cmd = ["${python}", "-m", "eaglelab.stages.engine_check", "--synth", "${data}/synth", "--model", "${model}",
            "--drafter", ec.drafter, "--served-drafter", served, "--endpoint", endpoint, "--rows", str(ec.rows),
-           "--min-ratio", str(ec.min_ratio), "--min-drafts", str(ec.min_drafts), "--k", "${num_speculative_tokens}",
+           "--min-ratio", str(ec.min_ratio), "--min-drafts", str(ec.min_drafts), "--probe-prompts", str(ec.output_probe), "--k", "${num_speculative_tokens}",
            "--temperature", "${synth_temperature}", "--top-p", "${synth_top_p}", "--seq-length", "${seq_length}",
            "--device", "${device}", "--out", "${data}/engine_check", "${trust_remote_code}"]
     if ec.offline_rate is not None:

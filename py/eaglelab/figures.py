@@ -62,9 +62,15 @@ def clock_duration(s: float | None) -> str:
 
 
 def engine_words(eng: dict) -> str:
-    """The engine check's two figures in words (docs/foresight.md, "The engine check"): served by vLLM vs
-    offline on the same synth rows, the ratio and the floor it is held to (pure)."""
-    alarm = bool(eng.get("alarm"))
-    return (f"vLLM served the drafter at {eng['served_rate']:.1%} acceptance ({eng['drafts']} drafts), offline "
-            f"{eng['offline_rate']:.1%} on the same synth rows: {eng['ratio']:.2f}x, "
-            f"{'below' if alarm else 'at or above'} min_ratio {eng['min_ratio']:g}")
+    """The engine check's figures in words (docs/foresight.md, "The engine check"): served by vLLM vs
+    offline on the same synth rows, the ratio and the floor it is held to, and the output probe's share
+    of impossible tokens when it ran (pure)."""
+    below = eng["ratio"] < eng["min_ratio"]
+    out = (f"vLLM served the drafter at {eng['served_rate']:.1%} acceptance ({eng['drafts']} drafts), offline "
+           f"{eng['offline_rate']:.1%} on the same synth rows: {eng['ratio']:.2f}x, "
+           f"{'below' if below else 'at or above'} min_ratio {eng['min_ratio']:g}")
+    if isinstance(eng.get("outputs_impossible"), (int, float)):
+        out += (f"; its outputs: {eng['outputs_impossible']:.0%} of the probed tokens impossible by its own target's "
+                f"logprobs ({'NOT the target' if eng.get('outputs_fault') else 'the target'}'s distribution; "
+                "a correct engine: ~0)")
+    return out

@@ -98,6 +98,9 @@ def engine_figures(run: dict) -> dict | None:
         got = {k: float(metrics[f"engine/{k}"][-1][1]) for k in ("served_rate", "offline_rate", "ratio", "min_ratio")}
         got["drafts"] = int(metrics["engine/drafts"][-1][1])
         flagged = bool(metrics["engine/alarm"][-1][1])
+        if "engine/outputs_impossible" in metrics:  # the output probe ran (eaglelab.stages.output_probe)
+            got["outputs_impossible"] = float(metrics["engine/outputs_impossible"][-1][1])
+            got["outputs_fault"] = bool(metrics["engine/outputs_fault"][-1][1])
     except (KeyError, TypeError, ValueError, IndexError):
         return None
     return {**got, "alarm": flagged and run.get("state") == RunState.FAILED, "run": run.get("id")}

@@ -31,6 +31,7 @@ runs with a drafter already known for the target (the profile's `engine_check:`;
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -43,7 +44,7 @@ import requests
 from .. import manifest
 from ..errors import StageError
 from ..fsutil import atomic_write_json, read_json
-from . import acceptance, common, pilot
+from . import acceptance, common, eval_bench, output_probe, pilot
 from .eval import parse_spec_metrics, spec_stats
 
 PREFIX = "engine/"  # the metric line's keys (the log parser keeps k=v lines as metrics)
@@ -80,11 +81,38 @@ def judge(served: float, offline: float, drafts: int, min_ratio: float, min_draf
             "drafts": drafts, "alarm": why is None and ratio < min_ratio, "no_judgement": why}
 
 
-def metric_line(j: dict, rows: int) -> str:
+def metric_line(j: dict, rows: int, probe: dict | None = None) -> str:
     ratio = j["ratio"] if j["ratio"] is not None else 0.0
+    outputs = ""
+    if probe and probe["verdict"]["worst"]:  # the output probe's worst share of impossible tokens
+        outputs = (f", {PREFIX}outputs_impossible={probe['verdict']['worst']['share']:.4f}, "
+                   f"{PREFIX}outputs_fault={int(probe['verdict']['fault'])}")
     return (f"{PREFIX}served_rate={j['served_rate']:.4f}, {PREFIX}offline_rate={j['offline_rate']:.4f}, "
             f"{PREFIX}ratio={ratio:.4f}, {PREFIX}min_ratio={j['min_ratio']:.4f}, {PREFIX}drafts={j['drafts']}, "
-            f"{PREFIX}rows={rows}, {PREFIX}alarm={int(bool(j['alarm']))}")
+            f"{PREFIX}rows={rows}{outputs}, {PREFIX}alarm={int(bool(j['alarm']))}")
+
+
+def output_alarm_text(probe: dict, served_drafter: str, endpoint: str, synth_samples: bool) -> str:
+    rows = ("synth's sampled rows through it are not the target's (serve synth without the drafter: remove "
+            "engine_check)" if synth_samples else "synth's greedy rows are unaffected (greedy verification keeps "
+            "the target's tokens), but sampled serving with a drafter on this engine is broken")
+    return (f"engine-path alarm: with the drafter {served_drafter}, {endpoint} emits tokens its own target ranks "
+            f"impossible: {output_probe.figures(probe)} of the probed tokens (vLLM's own logprobs; a correct "
+            "engine: ~0). Speculative decoding must not change the output distribution: this engine's drafting "
+            f"path breaks sampling, and its sampled acceptance measures the fault, not the drafter; {rows}. "
+            "Check this vLLM build's EAGLE-3 sampling (engine_check output_probe: 0 turns the probe off)")
+
+
+def prompt_ids(lines: list[str], n: int) -> list[list[int]]:
+    """The first n synth rows' prompts as token ids: each row's input_ids up to its first supervised token (pure)."""
+    out = []
+    for line in lines[:n]:
+        r = json.loads(line)
+        ids, mask = r.get("input_ids") or [], r.get("loss_mask") or []
+        start = next((i for i, m in enumerate(mask) if m), None)
+        if start:
+            out.append(ids[:start])
+    return out
 
 
 def alarm_text(j: dict, served_drafter: str, drafter: str, rows: int, source: str) -> str:
@@ -164,10 +192,15 @@ def offline_acceptance(drafter: Path, model: Path, out: Path, pick: dict, aux: l
 @click.option("--offline-rate", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="the drafter's offline acceptance measured elsewhere (instead of computing it here)")
 @click.option("--wait-s", default=3600.0, show_default=True, help="wait this long for synth's rows")
+@click.option("--probe-prompts", default=4, show_default=True, type=click.IntRange(min=0),
+              help="this many synth prompts through the output probe on synth's server (eaglelab.stages.output_probe; "
+                   "0: off)")
+@click.option("--probe-tokens", default=32, show_default=True, type=click.IntRange(min=1))
 @click.option("--trust-remote-code/--no-trust-remote-code", default=False)
 def main(synth_dir: Path, model: Path, drafter: Path, served_drafter: str, endpoint: str, rows: int, min_ratio: float,
          min_drafts: int, k: int, temperature: float, top_p: float, seq_length: int, device: str, out_dir: Path,
-         offline_rate: float | None, wait_s: float, trust_remote_code: bool) -> None:
+         offline_rate: float | None, wait_s: float, probe_prompts: int, probe_tokens: int,
+         trust_remote_code: bool) -> None:
     """Compare vLLM's served acceptance of a drafter with its offline acceptance on the same synth rows."""
     t0 = time.monotonic()
     echo = click.echo
@@ -186,6 +219,11 @@ def main(synth_dir: Path, model: Path, drafter: Path, served_drafter: str, endpo
                          "serve_synth's, with --mode eval --drafter?)")
     echo(f"engine check: vLLM served {served['drafts']} drafts at {served['acceptance_rate']:.1%} acceptance "
          f"(mean length {served['mean_acceptance_length']:.2f}; {source}) after {len(pick['lines'])}+ synth rows")
+    probe = None  # after the counters are read: the probe's own drafts are not synth's
+    if probe_prompts and source.endswith("/metrics"):  # synth's server is up: ask it what it samples
+        texts = eval_bench.decoded_prompts(prompt_ids(pick["lines"], probe_prompts), str(model), trust_remote_code)
+        probe = output_probe.probe(endpoint, str(model), texts, probe_tokens, temperature, top_p)
+        echo(f"engine check: output probe: {output_probe.words(probe, 'vLLM with the drafter')}")
     if offline_rate is not None:
         offline, how = offline_rate, "given (--offline-rate)"
         doc = None
@@ -198,13 +236,19 @@ def main(synth_dir: Path, model: Path, drafter: Path, served_drafter: str, endpo
                f"(every start: {doc['acceptance_rate']:.1%})")
     j = judge(served["acceptance_rate"], offline, served["drafts"], min_ratio, min_drafts)
     echo(f"engine check: offline acceptance {offline:.1%} ({how})")
-    echo(metric_line(j, len(pick["lines"])))
-    extra = {**j, "served": served, "served_source": source, "offline": doc, "offline_how": how, "drafter": str(drafter),
+    outputs_fault = bool(probe and probe["verdict"]["fault"])
+    j["alarm"] = bool(j["alarm"] or outputs_fault)
+    echo(metric_line(j, len(pick["lines"]), probe))
+    extra = {**j, "outputs_fault": outputs_fault, "output_probe": probe, "served": served, "served_source": source, "offline": doc, "offline_how": how, "drafter": str(drafter),
              "served_drafter": served_drafter, "seconds": round(time.monotonic() - t0, 1)}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "check.json", extra)
     manifest.write(out_dir, "engine_check", [out_dir / "check.json"], params={"drafter": str(drafter), "rows": rows},
                    counts={"rows": len(pick["lines"]), "drafts": served["drafts"]}, extra=extra)
+    if outputs_fault:
+        raise StageError(output_alarm_text(probe, served_drafter, endpoint, temperature > 0)
+                         + (f". Acceptance: {alarm_text(j, served_drafter, str(drafter), len(pick['lines']), source)}"
+                            if j["ratio"] is not None and j["ratio"] < min_ratio and not j["no_judgement"] else ""))
     if j["no_judgement"]:
         echo(f"engine check: no judgement: {j['no_judgement']}")
     elif j["alarm"]:

@@ -77,18 +77,21 @@ def window_prompts(rows: list[dict], offset: int, limit: int | None, source: str
     return out, short
 
 
-def render_window(cuts: list[list[int]], model: str, max_tokens: int, out: Path, trust_remote_code: bool) -> None:
-    """The benchmark's dataset for the window: each cut decoded to text (the server tokenizes it again;
-    a BOS the server adds itself is not written twice)."""
+def decoded_prompts(cuts: list[list[int]], model: str, trust_remote_code: bool = False) -> list[str]:
+    """Token-id prompts as text for the server, which tokenizes them again (a BOS it adds itself is not
+    written twice)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
     adds_bos = bool(tok.bos_token_id is not None and tok("x").input_ids[:1] == [tok.bos_token_id])
-    lines = []
-    for ids in cuts:
-        if adds_bos and ids[:1] == [tok.bos_token_id]:
-            ids = ids[1:]
-        lines.append(json.dumps({"prompt": tok.decode(ids, skip_special_tokens=False), "output_tokens": max_tokens}))
+    return [tok.decode(ids[1:] if adds_bos and ids[:1] == [tok.bos_token_id] else ids, skip_special_tokens=False)
+            for ids in cuts]
+
+
+def render_window(cuts: list[list[int]], model: str, max_tokens: int, out: Path, trust_remote_code: bool) -> None:
+    """The benchmark's dataset for the window: each cut decoded to text."""
+    lines = [json.dumps({"prompt": text, "output_tokens": max_tokens})
+             for text in decoded_prompts(cuts, model, trust_remote_code)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
 

@@ -110,32 +110,37 @@ def words(probe: dict, server: str = "vLLM") -> str:
 
 
 def request_tokens(endpoint: str, model: str, prompt: str, max_tokens: int, temperature: float, top_p: float,
-                   seed: int | None, post=None) -> list[tuple[int, float, dict[int, float]]]:
-    """One completion's tokens with their logprobs: (id, raw logprob, {id: logprob} of the top-20 beside it)."""
+                   seed: int | None, post=None) -> tuple[list[int], list[tuple[int, float, dict[int, float]]]]:
+    """One completion: the prompt's token ids as the server tokenized them, and each generated token with its
+    logprobs: (id, raw logprob, {id: logprob} of the top-20 beside it)."""
     import requests
 
     post = post or (lambda url, body: requests.post(url, json=body, timeout=600))
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
             "ignore_eos": True, "logprobs": TOP_LOGPROBS, "return_tokens_as_token_ids": True,
-            **({"seed": seed} if seed is not None else {})}
+            "return_token_ids": True, **({"seed": seed} if seed is not None else {})}
     r = post(f"{endpoint}/v1/completions", body)
     r.raise_for_status()
-    lp = r.json()["choices"][0]["logprobs"]
-    return [(token_id(t), float(v), {token_id(k): float(x) for k, x in (top or {}).items()})
-            for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]) if v is not None]
+    choice = r.json()["choices"][0]
+    lp = choice["logprobs"]
+    return (list(choice.get("prompt_token_ids") or []),
+            [(token_id(t), float(v), {token_id(k): float(x) for k, x in (top or {}).items()})
+             for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]) if v is not None])
 
 
 def probe(endpoint: str, model: str, prompts: list[str], max_tokens: int, temperature: float, top_p: float,
           seed: int | None = 0, concurrency: int = 4, post=None) -> dict:
-    """Each setting over every prompt; the judgement per setting and the verdict. Token ids are kept (the
-    tests score them with the target in transformers, independently of vLLM's logprobs)."""
+    """Each setting over every prompt; the judgement per setting and the verdict. The token ids are kept,
+    the prompt's and the generated ones (the tests score them with the target in transformers, independently
+    of vLLM's logprobs)."""
     out = []
     for name, t, p in settings_for(temperature, top_p):
         with ThreadPoolExecutor(max(1, concurrency)) as pool:
             got = list(pool.map(lambda q, t=t, p=p: request_tokens(endpoint, model, q, max_tokens, t, p, seed, post),
                                 prompts))
-        j = judge([tok for seq in got for tok in seq], t, p)
-        out.append({"name": name, **j, "token_ids": [[tid for tid, _, _ in seq] for seq in got]})
+        j = judge([tok for _, seq in got for tok in seq], t, p)
+        out.append({"name": name, **j, "requests": [{"prompt_token_ids": ids, "token_ids": [tid for tid, _, _ in seq]}
+                                                    for ids, seq in got]})
     return {"settings": out, "verdict": verdict(out), "prompts": len(prompts), "max_tokens": max_tokens}
 
 
