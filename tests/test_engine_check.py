@@ -192,16 +192,32 @@ def _rows(data: Path) -> dict:
 
 
 @SLOW
-def test_the_healthy_drafter_raises_no_alarm(replay):
+def test_the_healthy_drafter_raises_no_acceptance_alarm_and_the_output_probe_agrees_with_the_target(replay):
+    """The healthy drafter is served at its offline acceptance. The output probe (serve_synth's own logprobs)
+    decides the rest, held to the target's own word on the probe's near-greedy tokens (transformers): on
+    vllm 0.32.0's CPU build the EAGLE-3 path samples wrongly for every drafter (docs/foresight.md), so there
+    the check fails with the output alarm; an engine that samples right passes it."""
+    from target_judge import argmax_share
+
     got = replay["healthy"]
     eng = _engine(got["status"])
-    assert eng["state"] == "completed", got["p"].stdout[-3000:] + got["p"].stderr[-3000:]
-    assert eng["alarm"] is False and eng["drafts"] >= 20
-    assert eng["served_rate"] >= 0.6 * eng["offline_rate"] > 0, eng
-    assert "ENGINE-PATH ALARM" not in got["text"] and "engine check: vLLM served the drafter at" in got["text"]
     check = json.loads((got["data"] / "engine_check" / "check.json").read_text())
+    assert eng["drafts"] >= 20 and eng["served_rate"] >= 0.6 * eng["offline_rate"] > 0, eng
+    near = next(s for s in check["output_probe"]["settings"] if s["name"] == "near_greedy")
+    share = argmax_share(Path(check["model"]), near["requests"])
+    assert check["outputs_fault"] == (share < 0.9), (share, check["output_probe"]["verdict"])
+    text = " ".join(got["text"].split())
+    if check["outputs_fault"]:
+        assert eng["state"] == "failed" and eng["alarm"] is True, got["p"].stdout[-3000:]
+        assert eng["reason"].startswith("engine-path alarm: with the drafter") and "Acceptance:" not in eng["reason"]
+        assert f"ENGINE-PATH ALARM: {engine_words(eng)}" in text and "NOT the target's distribution" in text
+        assert "synth's greedy rows are unaffected" in eng["reason"]  # synth is greedy here
+    else:
+        assert eng["state"] == "completed" and eng["alarm"] is False, got["p"].stdout[-3000:] + got["p"].stderr[-3000:]
+        assert "ENGINE-PATH ALARM" not in text and "engine check: vLLM served the drafter at" in text
     print(f"healthy: served {check['served_rate']:.4f} ({check['drafts']} drafts) offline {check['offline_rate']:.4f} "
-          f"ratio {check['ratio']:.3f}; {check['seconds']} s")
+          f"ratio {check['ratio']:.3f}; output probe {near['impossible']}/{near['tokens']} impossible at T=0.01, "
+          f"target argmax share {share:.1%}; {check['seconds']} s")
 
 
 @SLOW

@@ -239,7 +239,7 @@ def main(synth_dir: Path, model: Path, drafter: Path, served_drafter: str, endpo
     outputs_fault = bool(probe and probe["verdict"]["fault"])
     j["alarm"] = bool(j["alarm"] or outputs_fault)
     echo(metric_line(j, len(pick["lines"]), probe))
-    extra = {**j, "outputs_fault": outputs_fault, "output_probe": probe, "served": served, "served_source": source, "offline": doc, "offline_how": how, "drafter": str(drafter),
+    extra = {**j, "outputs_fault": outputs_fault, "output_probe": probe, "model": str(model), "served": served, "served_source": source, "offline": doc, "offline_how": how, "drafter": str(drafter),
              "served_drafter": served_drafter, "seconds": round(time.monotonic() - t0, 1)}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "check.json", extra)

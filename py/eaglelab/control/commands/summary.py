@@ -88,7 +88,8 @@ def _versus(fc: dict | None, key: str = "offline") -> dict | None:
             out.update({f"forecast_{name}_rate": f["acceptance_rate"], f"measured_{name}_rate": m["acceptance_rate"],
                         f"{name}_error": f["acceptance_rate"] - m["acceptance_rate"],
                         f"forecast_{name}_length": f["mean_acceptance_length"],
-                        f"measured_{name}_length": m["mean_acceptance_length"]})
+                        f"measured_{name}_length": m["mean_acceptance_length"],
+                        **({f"{name}_engine_fault": m["engine_fault"]} if m.get("engine_fault") else {})})
     if f"{decoding}_error" not in out:
         return None
     out.update({"forecast_rate": out[f"forecast_{decoding}_rate"], "measured_rate": out[f"measured_{decoding}_rate"],
@@ -131,7 +132,9 @@ def summary(ctx, as_json: bool) -> None:
                    f"{vs['forecast_rate']:.1%} forecast, {vs['measured_rate']:.1%} measured (error {vs['error']:+.1%})"
                    + (f"; mean length {fl:.2f} vs {ml:.2f}" if fl is not None and ml is not None else "")
                    + (f"; {other} {vs[f'forecast_{other}_rate']:.1%} forecast, {vs[f'measured_{other}_rate']:.1%} "
-                      f"measured (error {vs[f'{other}_error']:+.1%})" if f"{other}_error" in vs else ""))
+                      f"measured (error {vs[f'{other}_error']:+.1%})" if f"{other}_error" in vs else "")
+                   + ("; the sampled figure was served by a broken sampling path (ENGINE OUTPUT FAULT in the "
+                      "eval's log): the engine's error, not the forecast's" if vs.get("sampled_engine_fault") else ""))
     if not s["forecast_vs_eval"] and fc and "acceptance_rate" in fc:
         click.echo(f"forecast: {fc['verdict']}, acceptance {fc['acceptance_rate']:.1%}, mean length "
                    f"{fc['mean_acceptance_length']:.2f} (from {fc['source']}; no eval to compare with yet)")

@@ -160,7 +160,9 @@ def served_sampled(extra: dict) -> dict | None:
     sd = extra.get("sampled")
     if isinstance(sd, dict) and _num(sd.get("acceptance_rate")) is not None:
         return {"acceptance_rate": _num(sd["acceptance_rate"]),
-                "mean_acceptance_length": _num(sd.get("mean_acceptance_length"))}
+                "mean_acceptance_length": _num(sd.get("mean_acceptance_length")),
+                # the output probe found the drafter's server sampling wrongly: the figure is the fault's
+                **({"engine_fault": sd["engine_fault"]} if isinstance(sd.get("engine_fault"), str) else {})}
     at = str(extra.get("decided_at") or "").split(",")[0].replace("concurrency", "").strip()
     cells = [c for c in extra.get("sweep") or [] if isinstance(c, dict) and c.get("sampling") == "sampled"
              and _num(c.get("acceptance_rate")) is not None]
