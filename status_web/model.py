@@ -262,12 +262,15 @@ def sampled_words(sd: Acceptance | None, offline: Acceptance | None) -> str:
     out = pct(sd.acceptance_rate) + ("" if mal is None else f", mean length {mal:.2f}")
     if sd.on_policy is False:  # an offline figure on rows the eval would not have drawn
         out += OFF_POLICY
+    if sd.engine_fault:  # a served figure from a server the output probe caught sampling wrongly
+        out += BROKEN_SAMPLING
     if offline is not None and offline.acceptance_rate is not None:
         out += f" (offline forecast {pct(offline.acceptance_rate)}{OFF_POLICY if offline.on_policy is False else ''})"
     return out
 
 
 OFF_POLICY = ", on rows not drawn as the eval samples"
+BROKEN_SAMPLING = ", served by a broken sampling path (ENGINE OUTPUT FAULT: the engine's figure, not the drafter's)"
 
 
 def fixed(v: float | None, unit: str = "") -> str:

@@ -169,3 +169,26 @@ def test_the_off_policy_mark_travels_from_the_log_line_to_the_page():
     st.feed_line(acceptance.log_line(doc), 1)
     again = forecast.offline_evidence({"log_state": {"metrics": st.snapshot()["metrics"]}})["sampled"]
     assert again["on_policy"] is True and "not drawn" not in sampled_words(Acceptance.from_json(again), None)
+
+
+def test_an_engine_fault_travels_from_the_eval_manifest_to_the_page_and_the_forecast():
+    """The eval marks its sampled cell `engine_fault` when the output probe caught the drafter's server sampling
+    wrongly -> the forecast's served `sampled` keeps it -> the typed block and the page say the figure is the
+    engine's; a cell without the mark says nothing of it."""
+    from eaglelab.control.foresight import forecast
+    from eaglelab.pipeline_status import Forecast
+    from status_web.model import BROKEN_SAMPLING, sampled_words
+
+    fault = "vLLM with the drafter emits tokens its own target ranks impossible: impossible tokens 93/128 (73%)"
+    extra = {"acceptance_rate": 0.19, "sampled": {"acceptance_rate": 0.014, "mean_acceptance_length": 1.04,
+                                                  "engine_fault": fault}}
+    served = forecast.served_sampled(extra)
+    assert served == {"acceptance_rate": 0.014, "mean_acceptance_length": 1.04, "engine_fault": fault}
+    fc = Forecast.from_json({"acceptance_rate": 0.19, "source": "eval", "sampled": served,
+                             "offline": {"acceptance_rate": 0.187, "sampled": {"acceptance_rate": 0.16}}})
+    assert fc.sampled.engine_fault == fault and fc.source == "eval" and fc.offline.sampled.acceptance_rate == 0.16
+    assert sampled_words(fc.sampled, fc.offline.sampled) == (
+        f"1.4%, mean length 1.04{BROKEN_SAMPLING} (offline forecast 16.0%)")
+    del extra["sampled"]["engine_fault"]
+    clean = Forecast.from_json({"acceptance_rate": 0.19, "sampled": forecast.served_sampled(extra)})
+    assert clean.sampled.engine_fault is None and "broken" not in sampled_words(clean.sampled, None)

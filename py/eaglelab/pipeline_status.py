@@ -58,6 +58,7 @@ class Acceptance:
     run: str | None = None
     json: dict = field(default_factory=dict, compare=False, repr=False)
     on_policy: bool | None = None  # a sampled forecast: were its rows drawn as the eval samples?
+    engine_fault: str | None = None  # a served sampled figure: the output probe found the server sampling wrongly
 
     @classmethod
     def from_json(cls, data: Any) -> Acceptance | None:
@@ -68,7 +69,7 @@ class Acceptance:
         return cls(_number(data.get("acceptance_rate")), _number(data.get("mean_acceptance_length")),
                    cls.from_json(data.get("sampled")), cls.from_json(data.get("greedy")),
                    _words(data.get("epoch")), _words(data.get("run")), data,
-                   on_policy if isinstance(on_policy, bool) else None)
+                   on_policy if isinstance(on_policy, bool) else None, _words(data.get("engine_fault")))
 
     def to_json(self) -> dict:
         return self.json
@@ -95,10 +96,12 @@ class Forecast(Acceptance):
         if base is None:
             return None
         return cls(base.acceptance_rate, base.mean_acceptance_length, base.sampled, base.greedy, base.epoch,
-                   base.run, data, base.on_policy, _str(data.get("verdict")), _number(data.get("speedup")), _str(data.get("source")),
-                   _int(data.get("checkpoints")), _iso_time(data.get("made_at")), _str(data.get("decoding")),
-                   _texts(data.get("reasons")), Acceptance.from_json(data.get("offline")),
-                   Acceptance.from_json(data.get("served_checkpoint")))
+                   base.run, data, base.on_policy, base.engine_fault, verdict=_str(data.get("verdict")),
+                   speedup=_number(data.get("speedup")), source=_str(data.get("source")),
+                   checkpoints=_int(data.get("checkpoints")), made_at=_iso_time(data.get("made_at")),
+                   decoding=_str(data.get("decoding")), reasons=_texts(data.get("reasons")),
+                   offline=Acceptance.from_json(data.get("offline")),
+                   served_checkpoint=Acceptance.from_json(data.get("served_checkpoint")))
 
 
 @dataclass(frozen=True)
