@@ -209,9 +209,10 @@ def test_the_healthy_drafter_raises_no_acceptance_alarm_and_the_output_probe_agr
     text = " ".join(got["text"].split())
     if check["outputs_fault"]:
         assert eng["state"] == "failed" and eng["alarm"] is True, got["p"].stdout[-3000:]
-        assert eng["reason"].startswith("engine-path alarm: with the drafter") and "Acceptance:" not in eng["reason"]
-        assert f"ENGINE-PATH ALARM: {engine_words(eng)}" in text and "NOT the target's distribution" in text
-        assert "synth's greedy rows are unaffected" in eng["reason"]  # synth is greedy here
+        reason = eng["reason"].split("Error: ", 1)[-1]
+        assert reason.startswith(f"engine-path alarm: with the drafter {check['served_drafter']}, vLLM emits tokens its "
+                                 "own target ranks impossible (") and "acceptance (" not in reason  # healthy acceptance
+        assert f"ENGINE-PATH ALARM: {engine_words(eng)}" in text and "NOT the target distribution" in text
     else:
         assert eng["state"] == "completed" and eng["alarm"] is False, got["p"].stdout[-3000:] + got["p"].stderr[-3000:]
         assert "ENGINE-PATH ALARM" not in text and "engine check: vLLM served the drafter at" in text
@@ -228,7 +229,10 @@ def test_the_drafter_served_wrong_is_caught_during_synth(replay):
     assert eng["served_rate"] < 0.6 * eng["offline_rate"]
     words = engine_words(eng)
     assert f"ENGINE-PATH ALARM: {words}" in " ".join(got["text"].split())  # lab status, both figures
-    assert "engine-path alarm: vLLM served the drafter" in eng["reason"]
+    check = json.loads((got["data"] / "engine_check" / "check.json").read_text())
+    # the acceptance alarm; after the output probe's, when that fired too (vllm 0.32.0 on CPU: test above)
+    assert (f"engine-path alarm: with the drafter {check['served_drafter']}, vLLM emits tokens" in eng["reason"]
+            if check["outputs_fault"] else "engine-path alarm: vLLM served the drafter" in eng["reason"])
     from status_web.app import create_app  # the page's banner, on the lab's own status
     app = create_app(source=lambda: got["status"], start=False)
     app.extensions["eaglelab"].snapshot.refresh_now()
@@ -252,3 +256,22 @@ def test_the_drafter_served_wrong_is_caught_during_synth(replay):
 def test_greedy_synth_rows_are_the_same_with_either_drafter(replay):
     healthy, faulty = _rows(replay["healthy"]["data"]), _rows(replay["faulty"]["data"])
     assert len(healthy) == 48 and healthy == faulty
+
+
+def test_the_output_alarm_puts_its_figures_first_and_says_what_synth_keeps():
+    probe = {"settings": [{"name": "near_greedy", "temperature": 0.01, "top_p": 1.0, "tokens": 128, "impossible": 92,
+                           "share": 92 / 128}], "verdict": {"fault": True}}
+    j = engine_check.judge(0.042, 0.224, 2560, 0.6, 20)
+    text = engine_check.output_alarm_text(probe, "ck/7", False, j, 8)
+    assert text.startswith("engine-path alarm: with the drafter ck/7, vLLM emits tokens its own target ranks impossible "
+                           "(92/128 (72%) at T=0.01; a correct engine: ~0); and it served it at 4.2% acceptance "
+                           "(2560 drafts) where its offline acceptance on the same 8 synth rows is 22.4% (0.19x")
+    assert "synth's greedy rows are unaffected" in text
+    sampled = engine_check.output_alarm_text(probe, "ck/7", True)
+    assert "acceptance (" not in sampled and "synth's sampled rows through it are not the target's" in sampled
+    line = engine_check.metric_line(j, 8, {**probe, "verdict": {"fault": True, "worst": {"share": 0.71875}}})
+    assert "engine/outputs_impossible=0.7188, engine/outputs_fault=1, engine/alarm=1" in line
+    words = engine_words({"served_rate": 0.18, "offline_rate": 0.2, "ratio": 0.9, "min_ratio": 0.6, "drafts": 600,
+                          "outputs_impossible": 0.72, "outputs_fault": True})
+    assert words.endswith("0.90x, at or above min_ratio 0.6; its outputs: 72% of the probed tokens impossible by the "
+                          "logprobs of its own target (NOT the target distribution; a correct engine: ~0)")

@@ -70,7 +70,7 @@ def engine_words(eng: dict) -> str:
            f"{eng['offline_rate']:.1%} on the same synth rows: {eng['ratio']:.2f}x, "
            f"{'below' if below else 'at or above'} min_ratio {eng['min_ratio']:g}")
     if isinstance(eng.get("outputs_impossible"), (int, float)):
-        out += (f"; its outputs: {eng['outputs_impossible']:.0%} of the probed tokens impossible by its own target's "
-                f"logprobs ({'NOT the target' if eng.get('outputs_fault') else 'the target'}'s distribution; "
-                "a correct engine: ~0)")
+        out += (f"; its outputs: {eng['outputs_impossible']:.0%} of the probed tokens impossible by the logprobs of "
+                f"its own target ({'NOT' if eng.get('outputs_fault') else 'within'} the target distribution; "
+                "a correct engine: ~0)")  # no apostrophe: the page escapes one, and its tests compare the words
     return out

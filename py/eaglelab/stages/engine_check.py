@@ -92,15 +92,21 @@ def metric_line(j: dict, rows: int, probe: dict | None = None) -> str:
             f"{PREFIX}rows={rows}{outputs}, {PREFIX}alarm={int(bool(j['alarm']))}")
 
 
-def output_alarm_text(probe: dict, served_drafter: str, endpoint: str, synth_samples: bool) -> str:
-    rows = ("synth's sampled rows through it are not the target's (serve synth without the drafter: remove "
-            "engine_check)" if synth_samples else "synth's greedy rows are unaffected (greedy verification keeps "
-            "the target's tokens), but sampled serving with a drafter on this engine is broken")
-    return (f"engine-path alarm: with the drafter {served_drafter}, {endpoint} emits tokens its own target ranks "
-            f"impossible: {output_probe.figures(probe)} of the probed tokens (vLLM's own logprobs; a correct "
-            "engine: ~0). Speculative decoding must not change the output distribution: this engine's drafting "
-            f"path breaks sampling, and its sampled acceptance measures the fault, not the drafter; {rows}. "
-            "Check this vLLM build's EAGLE-3 sampling (engine_check output_probe: 0 turns the probe off)")
+def output_alarm_text(probe: dict, served_drafter: str, synth_samples: bool, j: dict | None = None,
+                      rows: int = 0) -> str:
+    """The output probe's alarm, its figures first (a failure reason is cut at 400 characters), then the
+    acceptance alarm's figures when that fired too (`j`), then what follows."""
+    both = (f"; and it served it at {j['served_rate']:.1%} acceptance ({j['drafts']} drafts) where its offline "
+            f"acceptance on the same {rows} synth rows is {j['offline_rate']:.1%} ({j['ratio']:.2f}x, below min_ratio "
+            f"{j['min_ratio']:g})") if j else ""
+    rows_words = ("synth's sampled rows through it are not the target's (serve synth without the drafter: remove "
+                  "engine_check)" if synth_samples else "synth's greedy rows are unaffected (greedy verification "
+                  "keeps the target's tokens), but sampled serving with a drafter on this engine is broken")
+    return (f"engine-path alarm: with the drafter {served_drafter}, vLLM emits tokens its own target ranks impossible "
+            f"({output_probe.figures(probe)}; a correct engine: ~0){both}. Speculative decoding must not change the "
+            "output distribution: this engine's drafting path breaks sampling (vLLM's own logprobs of what it emits), "
+            f"and its sampled acceptance measures the fault, not the drafter; {rows_words}. Check this vLLM build's "
+            "EAGLE-3 sampling (engine_check output_probe: 0 turns the probe off)")
 
 
 def prompt_ids(lines: list[str], n: int) -> list[list[int]]:
@@ -246,9 +252,9 @@ def main(synth_dir: Path, model: Path, drafter: Path, served_drafter: str, endpo
     manifest.write(out_dir, "engine_check", [out_dir / "check.json"], params={"drafter": str(drafter), "rows": rows},
                    counts={"rows": len(pick["lines"]), "drafts": served["drafts"]}, extra=extra)
     if outputs_fault:
-        raise StageError(output_alarm_text(probe, served_drafter, endpoint, temperature > 0)
-                         + (f". Acceptance: {alarm_text(j, served_drafter, str(drafter), len(pick['lines']), source)}"
-                            if j["ratio"] is not None and j["ratio"] < min_ratio and not j["no_judgement"] else ""))
+        acceptance_too = j["ratio"] is not None and j["ratio"] < min_ratio and not j["no_judgement"]
+        raise StageError(output_alarm_text(probe, served_drafter, temperature > 0, j if acceptance_too else None,
+                                           len(pick["lines"])))
     if j["no_judgement"]:
         echo(f"engine check: no judgement: {j['no_judgement']}")
     elif j["alarm"]:
