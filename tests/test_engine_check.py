@@ -192,33 +192,18 @@ def _rows(data: Path) -> dict:
 
 
 @SLOW
-def test_the_healthy_drafter_raises_no_acceptance_alarm_and_the_output_probe_agrees_with_the_target(replay):
-    """The healthy drafter is served at its offline acceptance. The output probe (serve_synth's own logprobs)
-    decides the rest, held to the target's own word on the probe's near-greedy tokens (transformers): on
-    vllm 0.32.0's CPU build the EAGLE-3 path samples wrongly for every drafter (docs/foresight.md), so there
-    the check fails with the output alarm; an engine that samples right passes it."""
-    from target_judge import argmax_share
-
+def test_the_healthy_drafter_raises_no_alarm(replay):
     got = replay["healthy"]
     eng = _engine(got["status"])
+    assert eng["state"] == "completed", got["p"].stdout[-3000:] + got["p"].stderr[-3000:]
+    assert eng["alarm"] is False and eng["drafts"] >= 20
+    assert eng["served_rate"] >= 0.6 * eng["offline_rate"] > 0, eng
+    assert "ENGINE-PATH ALARM" not in got["text"] and "engine check: vLLM served the drafter at" in got["text"]
     check = json.loads((got["data"] / "engine_check" / "check.json").read_text())
-    assert eng["drafts"] >= 20 and eng["served_rate"] >= 0.6 * eng["offline_rate"] > 0, eng
-    near = next(s for s in check["output_probe"]["settings"] if s["name"] == "near_greedy")
-    share = argmax_share(Path(check["model"]), near["requests"])
-    assert check["outputs_fault"] == (share < 0.9), (share, check["output_probe"]["verdict"])
-    text = " ".join(got["text"].split())
-    if check["outputs_fault"]:
-        assert eng["state"] == "failed" and eng["alarm"] is True, got["p"].stdout[-3000:]
-        reason = eng["reason"].split("Error: ", 1)[-1]
-        assert reason.startswith(f"engine-path alarm: with the drafter {check['served_drafter']}, vLLM emits tokens its "
-                                 "own target ranks impossible (") and "acceptance (" not in reason  # healthy acceptance
-        assert f"ENGINE-PATH ALARM: {engine_words(eng)}" in text and "NOT the target distribution" in text
-    else:
-        assert eng["state"] == "completed" and eng["alarm"] is False, got["p"].stdout[-3000:] + got["p"].stderr[-3000:]
-        assert "ENGINE-PATH ALARM" not in text and "engine check: vLLM served the drafter at" in text
+    # synth is greedy here: no sampled probe beside it (it spoiled a greedy row on this engine: probe_skipped)
+    assert check["output_probe"] is None and check["output_probe_skipped"].startswith("synth is greedy")
     print(f"healthy: served {check['served_rate']:.4f} ({check['drafts']} drafts) offline {check['offline_rate']:.4f} "
-          f"ratio {check['ratio']:.3f}; output probe {near['impossible']}/{near['tokens']} impossible at T=0.01, "
-          f"target argmax share {share:.1%}; {check['seconds']} s")
+          f"ratio {check['ratio']:.3f}; {check['seconds']} s")
 
 
 @SLOW
@@ -229,10 +214,7 @@ def test_the_drafter_served_wrong_is_caught_during_synth(replay):
     assert eng["served_rate"] < 0.6 * eng["offline_rate"]
     words = engine_words(eng)
     assert f"ENGINE-PATH ALARM: {words}" in " ".join(got["text"].split())  # lab status, both figures
-    check = json.loads((got["data"] / "engine_check" / "check.json").read_text())
-    # the acceptance alarm; after the output probe's, when that fired too (vllm 0.32.0 on CPU: test above)
-    assert (f"engine-path alarm: with the drafter {check['served_drafter']}, vLLM emits tokens" in eng["reason"]
-            if check["outputs_fault"] else "engine-path alarm: vLLM served the drafter" in eng["reason"])
+    assert "engine-path alarm: vLLM served the drafter" in eng["reason"]
     from status_web.app import create_app  # the page's banner, on the lab's own status
     app = create_app(source=lambda: got["status"], start=False)
     app.extensions["eaglelab"].snapshot.refresh_now()
@@ -267,6 +249,10 @@ def test_the_output_alarm_puts_its_figures_first_and_says_what_synth_keeps():
                            "(92/128 (72%) at T=0.01; a correct engine: ~0); and it served it at 4.2% acceptance "
                            "(2560 drafts) where its offline acceptance on the same 8 synth rows is 22.4% (0.19x")
     assert "synth's greedy rows are unaffected" in text
+    assert engine_check.probe_skipped(4, 0.0, "http://x/metrics").startswith("synth is greedy")
+    assert engine_check.probe_skipped(4, 1.0, "synth/manifest.json extra.served_spec").startswith("synth has finished")
+    assert engine_check.probe_skipped(0, 1.0, "http://x/metrics") == "engine_check output_probe is 0"
+    assert engine_check.probe_skipped(4, 1.0, "http://x/metrics") is None  # beside a sampled synth: it runs
     sampled = engine_check.output_alarm_text(probe, "ck/7", True)
     assert "acceptance (" not in sampled and "synth's sampled rows through it are not the target's" in sampled
     line = engine_check.metric_line(j, 8, {**probe, "verdict": {"fault": True, "worst": {"share": 0.71875}}})
@@ -275,3 +261,21 @@ def test_the_output_alarm_puts_its_figures_first_and_says_what_synth_keeps():
                           "outputs_impossible": 0.72, "outputs_fault": True})
     assert words.endswith("0.90x, at or above min_ratio 0.6; its outputs: 72% of the probed tokens impossible by the "
                           "logprobs of its own target (NOT the target distribution; a correct engine: ~0)")
+
+
+def test_the_probes_figures_reach_lab_status_from_the_metric_line():
+    from eaglelab.control.status import engine_figures
+    from eaglelab.host.parse.state import LogState
+
+    j = engine_check.judge(0.18, 0.2, 600, 0.6, 20)
+    probe = {"verdict": {"fault": True, "worst": {"share": 0.72}}}
+    st = LogState()
+    st.feed_line(engine_check.metric_line({**j, "alarm": True}, 8, probe), 1)
+    run = {"id": "engine_check-1", "state": "failed", "log_state": {"metrics": st.snapshot()["metrics"]}}
+    eng = engine_figures(run)
+    assert eng["alarm"] is True and eng["outputs_fault"] is True and eng["outputs_impossible"] == pytest.approx(0.72)
+    assert "its outputs: 72% of the probed tokens impossible" in engine_words(eng)
+    st = LogState()
+    st.feed_line(engine_check.metric_line(j, 8), 1)  # no probe (greedy synth): no such words
+    eng = engine_figures({**run, "state": "completed", "log_state": {"metrics": st.snapshot()["metrics"]}})
+    assert "outputs_fault" not in eng and "its outputs" not in engine_words(eng) and eng["alarm"] is False

@@ -109,6 +109,21 @@ def output_alarm_text(probe: dict, served_drafter: str, synth_samples: bool, j: 
             "EAGLE-3 sampling (engine_check output_probe: 0 turns the probe off)")
 
 
+def probe_skipped(prompts: int, temperature: float, source: str) -> str | None:
+    """Why the output probe does not run on synth's server now, or None (pure). Only beside a sampled synth: a
+    greedy synth's requests would share batches with the probe's sampled ones, and an engine that samples
+    wrongly spoils greedy requests batched with sampled ones (vllm 0.32.0 on CPU emptied one of 48 greedy
+    synth answers that way: docs/foresight.md). The eval probes such an engine after its sweep, alone."""
+    if not prompts:
+        return "engine_check output_probe is 0"
+    if not source.endswith("/metrics"):
+        return "synth has finished and its server is gone"
+    if temperature <= 0:
+        return ("synth is greedy, and a sampled probe batched with its requests could change its rows on an engine "
+                "that samples wrongly (the eval probes its servers after its sweep)")
+    return None
+
+
 def prompt_ids(lines: list[str], n: int) -> list[list[int]]:
     """The first n synth rows' prompts as token ids: each row's input_ids up to its first supervised token (pure)."""
     out = []
@@ -225,8 +240,10 @@ def main(synth_dir: Path, model: Path, drafter: Path, served_drafter: str, endpo
                          "serve_synth's, with --mode eval --drafter?)")
     echo(f"engine check: vLLM served {served['drafts']} drafts at {served['acceptance_rate']:.1%} acceptance "
          f"(mean length {served['mean_acceptance_length']:.2f}; {source}) after {len(pick['lines'])}+ synth rows")
-    probe = None  # after the counters are read: the probe's own drafts are not synth's
-    if probe_prompts and source.endswith("/metrics"):  # synth's server is up: ask it what it samples
+    probe, skipped = None, probe_skipped(probe_prompts, temperature, source)
+    if skipped:
+        echo(f"engine check: output probe: skipped: {skipped}")
+    else:  # after the counters are read: the probe's own drafts are not synth's
         texts = eval_bench.decoded_prompts(prompt_ids(pick["lines"], probe_prompts), str(model), trust_remote_code)
         probe = output_probe.probe(endpoint, str(model), texts, probe_tokens, temperature, top_p)
         echo(f"engine check: output probe: {output_probe.words(probe, 'vLLM with the drafter')}")
@@ -245,7 +262,8 @@ def main(synth_dir: Path, model: Path, drafter: Path, served_drafter: str, endpo
     outputs_fault = bool(probe and probe["verdict"]["fault"])
     j["alarm"] = bool(j["alarm"] or outputs_fault)
     echo(metric_line(j, len(pick["lines"]), probe))
-    extra = {**j, "outputs_fault": outputs_fault, "output_probe": probe, "model": str(model), "served": served, "served_source": source, "offline": doc, "offline_how": how, "drafter": str(drafter),
+    extra = {**j, "outputs_fault": outputs_fault, "output_probe": probe, "output_probe_skipped": skipped,
+             "model": str(model), "served": served, "served_source": source, "offline": doc, "offline_how": how, "drafter": str(drafter),
              "served_drafter": served_drafter, "seconds": round(time.monotonic() - t0, 1)}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "check.json", extra)
