@@ -35,6 +35,8 @@ from pathlib import Path
 
 import click
 
+from . import eval_bench
+
 NEAR_GREEDY_T = 0.01   # through the sampling path, as near greedy as a float allows: one token is right
 RATIO_NATS = 20.0      # tempered odds against the top token beyond e^-20: no correct sampler draws it
 NUCLEUS_SLACK = 1e-3   # float rounding between the engine's probabilities and ours from its logprobs
@@ -157,9 +159,7 @@ def probe(endpoint: str, model: str, prompts: list[str], max_tokens: int, temper
 def main(endpoint: str, model: str, prompts: Path, limit: int, max_tokens: int, temperature: float, top_p: float,
          seed: int) -> None:
     """Probe a server's sampling with its own logprobs; exit 1 on a fault."""
-    from .eval_bench import rendered_prompts
-
-    texts = rendered_prompts([json.loads(x) for x in prompts.read_text().splitlines() if x.strip()][:limit], model)
+    texts = eval_bench.rendered_prompts([json.loads(x) for x in prompts.read_text().splitlines() if x.strip()][:limit], model)
     doc = probe(endpoint.rstrip("/"), model, texts, max_tokens, temperature, top_p, seed)
     click.echo(words(doc))
     raise SystemExit(1 if doc["verdict"]["fault"] else 0)
