@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -588,3 +589,23 @@ def test_the_previous_run_is_not_used_for_a_run_of_another_size():
     assert same is not None and "run" in same[3], same[3]
     # scaled by this run's pace so far (2x the previous run's): 70 items at 2 s
     assert same[0] == pytest.approx(140.0, rel=0.05)
+
+
+def test_the_range_widens_after_a_change_in_the_rate_and_only_then(monkeypatch):
+    # 2 s an item, then 4 s from half way: the items ahead may move as far again, so the range widens
+    # (ensemble.DRIFT_RANGE); a steady bar's range is what it was without the rule
+    from eaglelab.eta import ensemble
+    from eaglelab.eta.ensemble import combine
+
+    rng = np.random.default_rng(3)
+    step = np.r_[np.full(40, 2.0), np.full(40, 4.0)] * rng.lognormal(0.0, 0.1, 80)
+    got = combine(_candidates(step), 40.0, None, None, None)
+    assert got is not None and math.log(got[2] / got[1]) > 1.3, got
+    steady = 2.0 * rng.lognormal(0.0, 0.1, 80)
+    with_rule = combine(_candidates(steady), 40.0, None, None, None)
+    monkeypatch.setattr(ensemble, "DRIFT_RANGE", 0.0)
+    without = combine(_candidates(steady), 40.0, None, None, None)
+    assert with_rule is not None and without is not None
+    assert with_rule[1:3] == pytest.approx(without[1:3])
+    widened = combine(_candidates(step), 40.0, None, None, None)
+    assert math.log(got[2] / got[1]) > math.log(widened[2] / widened[1]) + 0.2
