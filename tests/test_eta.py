@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -536,3 +537,75 @@ def test_the_mean_rate_stays_out_after_a_step_in_the_rate():
     per_item = np.r_[np.full(60, 2.0), np.full(60, 8.0)] * rng.lognormal(0.0, 0.1, 120)
     got = combine(_candidates(per_item), 40.0, None, None, None)
     assert got is not None and "mean" not in got[3], got[3]
+
+
+def _two_runs_log(per_item: np.ndarray, runs: int = 2, every_s: float = 1.0) -> list[str]:
+    """`runs` runs of one bar (the same label, the count starting over), printed as tqdm prints to a
+    file: a frame when at least `every_s` passed since the last one, and at the last item."""
+    total = len(per_item)
+    lines = []
+    for _ in range(runs):
+        t = np.cumsum(per_item)
+        last_t = -every_s
+        lines.append(f"Processed prompts:   0%|          | 0/{total} [00:00<?, ?it/s]")
+        for i, ti in enumerate(t, 1):
+            if ti - last_t < every_s and i < total:
+                continue
+            last_t = ti
+            e = int(ti)
+            lines.append(f"Processed prompts: {100 * i // total:3d}%|#####     | {i}/{total} "
+                         f"[{e // 60:02d}:{e % 60:02d}<00:00,  {ti / i:.2f}s/it]")
+    return lines
+
+
+def test_a_bar_that_ran_before_at_the_same_size_follows_that_runs_pace():
+    # a batch that goes at 1 s an item for its first half, then 5 items a second (a vLLM batch
+    # draining): every rate carried forward says ~60 s at 40/100, the truth is 20 s. The second run of
+    # the bar has the first one's pace over the same items (ensemble "run"); before, only its mean rate
+    # (0.6 s/item: 36 s) was used, and only while the bar was young.
+    per_item = np.r_[np.full(50, 1.0), np.full(50, 0.2)]
+    rows = [r for r in replay(_two_runs_log(per_item)) if r.instance == 1]
+    at40 = next(r for r in rows if r.n == 40)
+    assert at40.elapsed_s == 40.0
+    assert at40.eta_s == pytest.approx(20.0, rel=0.15), at40
+    assert at40.eta_low_s <= 20.0 <= at40.eta_high_s
+    # the first run had no earlier one: the rates' answer (far off: the shape was not seen yet)
+    first40 = next(r for r in replay(_two_runs_log(per_item, runs=1)) if r.n == 40)
+    assert first40.eta_s > 40.0
+
+
+def test_the_previous_run_is_not_used_for_a_run_of_another_size():
+    # the next batch is smaller (the last one of a loop): the previous run's pace over its first items
+    # says nothing of where this one ends, so the "run" candidate stays out
+    from eaglelab.eta.ensemble import Candidates, combine
+
+    prev = tuple((float(i), float(i)) for i in range(0, 101))  # 100 items at 1 s
+    c = Candidates(1.0)
+    for i in range(0, 31):
+        c.add(float(i) * 2.0, i, None)  # this run: 2 s an item, 30 of 40 done
+    got = combine(c, 10.0, None, None, None, prior_run=prev)
+    assert got is not None and "run" not in got[3], got[3]
+    same = combine(c, 70.0, None, None, None, prior_run=prev)  # the same size (100): it joins
+    assert same is not None and "run" in same[3], same[3]
+    # scaled by this run's pace so far (2x the previous run's): 70 items at 2 s
+    assert same[0] == pytest.approx(140.0, rel=0.05)
+
+
+def test_the_range_widens_after_a_change_in_the_rate_and_only_then(monkeypatch):
+    # 2 s an item, then 4 s from half way: the items ahead may move as far again, so the range widens
+    # (ensemble.DRIFT_RANGE); a steady bar's range is what it was without the rule
+    from eaglelab.eta import ensemble
+    from eaglelab.eta.ensemble import combine
+
+    rng = np.random.default_rng(3)
+    step = np.r_[np.full(40, 2.0), np.full(40, 4.0)] * rng.lognormal(0.0, 0.1, 80)
+    got = combine(_candidates(step), 40.0, None, None, None)
+    assert got is not None and math.log(got[2] / got[1]) > 1.3, got
+    steady = 2.0 * rng.lognormal(0.0, 0.1, 80)
+    with_rule = combine(_candidates(steady), 40.0, None, None, None)
+    monkeypatch.setattr(ensemble, "DRIFT_RANGE", 0.0)
+    without = combine(_candidates(steady), 40.0, None, None, None)
+    assert with_rule is not None and without is not None
+    assert with_rule[1:3] == pytest.approx(without[1:3])
+    widened = combine(_candidates(step), 40.0, None, None, None)
+    assert math.log(got[2] / got[1]) > math.log(widened[2] / widened[1]) + 0.2

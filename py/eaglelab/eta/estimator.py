@@ -431,6 +431,7 @@ class BarTracker:
         self.rate_hint: float | None = None
         self.prior: float | None = None  # the first frame's printed rate, when it was seen mid-bar
         self.history_prior: float | None = None  # s/item of an earlier run of this bar (the caller's)
+        self.history_run: tuple | None = None  # an earlier run's (n, elapsed_s) points (the caller's)
         self.restarts = 0
         self.cands = Candidates(resolution or 1.0)  # the simple estimators, for the online backtest
 
@@ -491,7 +492,7 @@ class BarTracker:
             f_items, f_low, f_high = fit.items_s, fit.eta_low_s + done, fit.eta_high_s + done
             self.cands.set_fit(fit.items_s / remaining)
         got = combine(self.cands, remaining, f_items, f_low, f_high, self.history_prior,
-                      regime_start=fit.regime_start if fit is not None else None)
+                      regime_start=fit.regime_start if fit is not None else None, prior_run=self.history_run)
         if got is None:
             return fit
         items_s, lo, hi, weights = got
@@ -537,8 +538,8 @@ def _tracker_for(observations: Sequence[tuple], label: str) -> BarTracker:
 
 
 def bar_eta(observations: Sequence[tuple], total: float | None, label: str = "",
-            tqdm_remaining_s: float | None = None, prior_s_per_item: float | None = None
-            ) -> tuple[float | None, float | None, float | None]:
+            tqdm_remaining_s: float | None = None, prior_s_per_item: float | None = None,
+            prior_run: Sequence[tuple[float, float]] | None = None) -> tuple[float | None, float | None, float | None]:
     """(eta_s, eta_low_s, eta_high_s) of a bar from its observations (n, total, elapsed_s,
     printed s/it) to `total`: THE bar-ETA driver. The tailer's state JSON (so `lab status` and the
     page), `lab parse` and `lab eta replay` (so the benchmarks) all call it on the parser's bar
@@ -549,6 +550,7 @@ def bar_eta(observations: Sequence[tuple], total: float | None, label: str = "",
     tracker = _tracker_for(observations, label)
     est = None
     tracker.history_prior = prior_s_per_item
+    tracker.history_run = prior_run or None
     if tracker.points:
         est = tracker.estimate(total=total)
     if est is not None:

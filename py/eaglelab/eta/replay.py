@@ -82,7 +82,8 @@ def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str], int], flo
                              if p.total is not None and p.total > p.n else None)
         eta = low = high = ema_eta = None
         if elapsed is not None:
-            eta, low, high = bar_eta(track.history, total, track.label, tqdm_left, prior)
+            eta, low, high = bar_eta(track.history, total, track.label, tqdm_left, prior,
+                                     prior_run=track.prior_run)
             ema = emas.get((key, instance))
             if ema is None:
                 ema = emas[(key, instance)] = TqdmEma(start=(0.0, 0) if use_elapsed else None)

@@ -38,6 +38,7 @@ class BarTrack:
     restarts: int = 0                    # times the bar started again from a lower n
     first_ts: float | None = None        # the line timestamp of its first frame (bars with no elapsed)
     prior_s_per_item: float | None = None  # its previous run's mean s/item (the epoch before): the history prior
+    prior_run: tuple | None = None         # its previous run's (n, elapsed_s) points: the pace it went at, item by item
 
     @property
     def finished(self) -> bool:
@@ -78,6 +79,8 @@ class BarBook:
                     n0, _t, e0, _r = track.history[-1]
                     if e0 is not None and e0 > 0 and n0 and n0 > 0 and prev.elapsed_s is not None:
                         track.prior_s_per_item = e0 / n0
+                    run = tuple((n, e) for n, _tot, e, _r in track.history if e is not None)
+                    track.prior_run = run if len(run) >= 2 else None
                 track.history.clear()  # the same bar started over (next epoch, a retry)
                 track.restarts += 1
                 track.first_line = line

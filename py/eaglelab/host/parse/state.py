@@ -41,7 +41,7 @@ BarEta = Callable[[list, "float | None", str, "float | None"], tuple]
 
 
 def _tqdm_only(observations: list, total: float | None, label: str, remaining_s: float | None,
-               prior_s_per_item: float | None = None) -> tuple:
+               prior_s_per_item: float | None = None, prior_run: tuple | None = None) -> tuple:
     return remaining_s, None, None
 
 
@@ -447,7 +447,8 @@ def _failure_json(c: Candidate | None) -> dict | None:
 
 def _progress_json(t: BarTrack, bar_eta: BarEta) -> dict:
     p = t.latest
-    eta_s, eta_low_s, eta_high_s = bar_eta(t.history, p.total, t.label, p.remaining_s, t.prior_s_per_item)
+    eta_s, eta_low_s, eta_high_s = bar_eta(t.history, p.total, t.label, p.remaining_s, t.prior_s_per_item,
+                                     prior_run=t.prior_run)
     return {"label": p.label, "prefix": p.prefix or None, "n": p.n, "total": p.total, "unit": p.unit,
             "percent": p.percent, "rate_s_per_it": p.rate_s_per_it, "elapsed_s": p.elapsed_s,
             "eta_s": seconds(eta_s), "eta_low_s": seconds(eta_low_s), "eta_high_s": seconds(eta_high_s),

@@ -9,13 +9,13 @@ from .frames import SAMPLE_BYTES, FrameSplitter
 
 
 def bar_eta(observations: list, total: float | None, label: str, remaining_s: float | None,
-            prior_s_per_item: float | None = None) -> tuple:
+            prior_s_per_item: float | None = None, prior_run: tuple | None = None) -> tuple:
     """The estimator (eaglelab.eta.bar_eta), imported on first use: it pulls numpy, which a log with
     no progress bar never needs."""
     # numpy, through the estimator: a log with no progress bar never needs it
     from eaglelab.eta.estimator import bar_eta as estimate
 
-    return estimate(observations, total, label, remaining_s, prior_s_per_item)
+    return estimate(observations, total, label, remaining_s, prior_s_per_item, prior_run=prior_run)
 
 
 CHUNK = 1 << 20  # one buffer, reused for every read (measured: 1-4 MiB read fastest)
