@@ -154,3 +154,18 @@ def test_a_model_served_sampled_is_forecast_and_judged_sampled_with_greedy_besid
     lab.cfg.pipeline.vars["eval_decide_sampling"] = "sometimes"
     with pytest.raises(ValueError, match="eval_decide_sampling 'sometimes'.*auto, greedy or sampled"):
         forecast.make(lab, {"runs": [train_run()]}, 0.0)
+
+
+def test_a_served_sampled_figure_from_a_broken_sampling_path_is_named_beside_its_error():
+    """The eval marks its sampled cell `engine_fault` (the output probe); `lab summary`'s comparison keeps the
+    error figure and says whose it is."""
+    fault = "vLLM with the drafter emits tokens its own target ranks impossible: impossible tokens 93/128 (73%)"
+    fc = {"source": "eval", "acceptance_rate": 0.192, "mean_acceptance_length": 1.57, "decoding": "greedy",
+          "sampled": {"acceptance_rate": 0.014, "mean_acceptance_length": 1.04, "engine_fault": fault},
+          "offline": {"source": "checkpoint", "acceptance_rate": 0.187, "mean_acceptance_length": 1.56,
+                      "sampled": {"acceptance_rate": 0.16, "mean_acceptance_length": 1.48}}}
+    vs = _versus(fc)
+    assert vs["sampled_error"] == pytest.approx(0.146) and vs["sampled_engine_fault"] == fault
+    assert "greedy_engine_fault" not in vs
+    del fc["sampled"]["engine_fault"]
+    assert "sampled_engine_fault" not in _versus(fc)
