@@ -102,13 +102,16 @@ def decoded(d: dict | None, decoding: str) -> dict | None:
     headline when that is the decoding (no `decoding`: greedy, as before), else its `greedy`/`sampled`."""
     if not isinstance(d, dict):
         return None
+    x = d.get(decoding)
+    # a served sampled figure from a broken sampling path (the eval's output probe) keeps saying so
+    fault = x.get("engine_fault") if isinstance(x, dict) and isinstance(x.get("engine_fault"), str) else None
+    mark = {"engine_fault": fault} if fault else {}
     if (d.get("decoding") or "greedy") == decoding and _num(d.get("acceptance_rate")) is not None:
         return {"acceptance_rate": _num(d["acceptance_rate"]),
-                "mean_acceptance_length": _num(d.get("mean_acceptance_length"))}
-    x = d.get(decoding)
+                "mean_acceptance_length": _num(d.get("mean_acceptance_length")), **mark}
     if isinstance(x, dict) and _num(x.get("acceptance_rate")) is not None:
         return {"acceptance_rate": _num(x["acceptance_rate"]),
-                "mean_acceptance_length": _num(x.get("mean_acceptance_length"))}
+                "mean_acceptance_length": _num(x.get("mean_acceptance_length")), **mark}
     return None
 
 
