@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from eaglelab.host.parse.state import LogState
-from eaglelab.stages import eval as eval_stage
-from eaglelab.stages import synth
+from eaglelab.stages import spec_metrics, synth
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 BEFORE, AFTER = (FIX / "vllm_eagle3_before.prom").read_text(), (FIX / "vllm_eagle3_after.prom").read_text()
@@ -40,10 +39,10 @@ def server(*texts):
 def test_the_recorded_counters_give_vllms_figures():
     # the recorded server: 101 drafts of 3 tokens, 23 accepted (9, 8, 6 at positions 0, 1, 2); 4 x 32
     # tokens = 101 drafts + 23 accepted + 4 first tokens from the prefill
-    before, after = eval_stage.parse_spec_metrics(BEFORE), eval_stage.parse_spec_metrics(AFTER)
+    before, after = spec_metrics.parse_spec_metrics(BEFORE), spec_metrics.parse_spec_metrics(AFTER)
     assert before["drafts"] == 0 and after["drafts"] == 101 and after["draft_tokens"] == 303
     assert after["per_pos"] == {0: 9.0, 1: 8.0, 2: 6.0}
-    s = eval_stage.spec_stats(before, after)
+    s = spec_metrics.spec_stats(before, after)
     assert (s["drafts"], s["accepted_tokens"]) == (101, 23)
     assert s["acceptance_rate"] == pytest.approx(23 / 303) and s["mean_acceptance_length"] == pytest.approx(1 + 23 / 101)
     assert s["per_position_acceptance"] == pytest.approx([9 / 101, 8 / 101, 6 / 101])

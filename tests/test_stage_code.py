@@ -178,3 +178,13 @@ def test_a_change_in_a_module_every_stage_imports_reruns_both(lab_on_a_copy):
     with open(pkg / "manifest.py", "a") as f:
         f.write("\n# manifests read differently\n")
     assert {s: a for s, (a, _) in plan_of(lab).items()} == {"prepare": "run", "train": "run"}
+
+
+def test_synth_does_not_follow_the_evals_code():
+    """Synth reads vLLM's spec counters from their own module: an edit to the eval (its output probe, its
+    verdict) must not mark hours of synth stale (stop 40 found synth's closure reaching the probe)."""
+    from eaglelab.control import stage_code
+
+    synth = stage_code.closure("eaglelab.stages.synth")
+    assert "eaglelab.stages.spec_metrics" in synth
+    assert not {"eaglelab.stages.eval", "eaglelab.stages.output_probe", "eaglelab.stages.eval_bench"} & set(synth)

@@ -14,7 +14,7 @@ import pytest
 
 from eaglelab import config, manifest
 from eaglelab.errors import StageError
-from eaglelab.stages import common, eval_bench, serve, synth, synth_probe, train, vocab
+from eaglelab.stages import common, eval_bench, serve, spec_metrics, synth, synth_probe, train, vocab
 from eaglelab.stages import eval as eval_stage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -352,10 +352,10 @@ vllm:num_requests_running{engine="0",model_name="m"} 0.0
 
 
 def test_eval_metrics_and_verdicts():
-    after = eval_stage.parse_spec_metrics(METRICS)
+    after = spec_metrics.parse_spec_metrics(METRICS)
     assert after["drafts"] == 100 and after["per_pos"] == {0: 50, 1: 30, 2: 10}
     before = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_pos": {}}
-    s = eval_stage.spec_stats(before, after)
+    s = spec_metrics.spec_stats(before, after)
     assert s["acceptance_rate"] == pytest.approx(0.3)
     assert s["mean_acceptance_length"] == pytest.approx(1.9)
     assert s["per_position_acceptance"] == pytest.approx([0.5, 0.3, 0.1])

@@ -45,7 +45,7 @@ from .. import manifest
 from ..errors import StageError
 from ..fsutil import atomic_write_json, read_json
 from . import acceptance, common, eval_bench, output_probe, pilot
-from .eval import parse_spec_metrics, spec_stats
+from .spec_metrics import parse_spec_metrics, spec_stats
 
 PREFIX = "engine/"  # the metric line's keys (the log parser keeps k=v lines as metrics)
 

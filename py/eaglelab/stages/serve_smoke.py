@@ -30,6 +30,7 @@ import requests
 
 from ..errors import StageError
 from . import eval as eval_stage
+from . import spec_metrics
 from .common import completed_epochs
 
 POLL_S = 2.0
@@ -172,7 +173,7 @@ def read_counters(endpoint: str) -> dict:
         r.raise_for_status()
     except requests.RequestException as e:
         raise StageError(f"{endpoint}/metrics: {e}") from None
-    return eval_stage.parse_spec_metrics(r.text)
+    return spec_metrics.parse_spec_metrics(r.text)
 
 
 def chat(endpoint: str, model: str, messages: list, max_tokens: int) -> int:
@@ -194,7 +195,7 @@ def measure(endpoint: str, model: str, prompts: list[list], max_tokens: int) -> 
     before = read_counters(endpoint)
     tokens = sum(chat(endpoint, model, m, max_tokens) for m in prompts)
     for _ in range(5):  # the counters follow the responses by a step at most
-        stats = eval_stage.spec_stats(before, read_counters(endpoint))
+        stats = spec_metrics.spec_stats(before, read_counters(endpoint))
         if stats["drafts"]:
             break
         time.sleep(0.5)

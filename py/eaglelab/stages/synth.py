@@ -56,7 +56,7 @@ from .. import manifest
 from ..errors import StageError
 from ..fsutil import atomic_write_bytes
 from . import common, synth_probe
-from .eval import parse_spec_metrics, spec_stats
+from .spec_metrics import parse_spec_metrics, spec_stats
 
 OUT_NAME = "responses.jsonl"
 ERR_NAME = "responses.errors.jsonl"
@@ -169,7 +169,7 @@ def stop_when_budget_spent(regenerate_conversation, budget: int, seen: dict):
 
 
 def served_line(stats: dict) -> str:
-    """The served acceptance as one metric line the log parser reads (pure; eval.spec_stats' figures)."""
+    """The served acceptance as one metric line the log parser reads (pure; spec_metrics.spec_stats' figures)."""
     pos = "".join(f", served/pos_{i}={p:.4f}" for i, p in enumerate(stats["per_position_acceptance"]))
     return (f"served/acceptance_rate={stats['acceptance_rate']:.4f}, "
             f"served/mean_acceptance_length={stats['mean_acceptance_length']:.4f}, served/drafts={stats['drafts']}"
