@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "py"))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))  # target_judge: the target's own word, as the tests take it
 
-from eaglelab.stages import acceptance, eval_bench, extract, output_probe
+from eaglelab.stages import acceptance, eval_bench, extract, output_probe, spec_metrics
 
 K, AUX, TOKENS = 3, [1, 2, 3], 64
 
@@ -71,13 +71,8 @@ def serve(model: Path, port: int, drafter: Path | None, log: Path) -> subprocess
 
 
 def counters(ep: str) -> dict:
-    txt = urllib.request.urlopen(f"{ep}/metrics", timeout=30).read().decode()
-    out = {}
-    for line in txt.splitlines():
-        for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
-            if line.startswith(f"vllm:spec_decode_{k}_total"):
-                out[k] = out.get(k, 0.0) + float(line.split()[-1])
-    return out
+    """vLLM's spec_decode counters now (eaglelab.stages.spec_metrics, as the eval and synth read them)."""
+    return spec_metrics.parse_spec_metrics(urllib.request.urlopen(f"{ep}/metrics", timeout=30).read().decode())
 
 
 def completions(ep: str, model: str, texts: list[str], temperature: float, top_p: float, seeds: list[int | None]):
@@ -104,9 +99,10 @@ def side(model: Path, drafter: Path | None, port: int, texts: list[str], seeds: 
             before = counters(ep) if drafter else {}
             res[label] = completions(ep, str(model), texts, t, tp, sd)
             if drafter:
-                after = counters(ep)
-                d = {k: after[k] - before.get(k, 0.0) for k in after}
-                res[f"{label}_served"] = {**d, "rate": d["num_accepted_tokens"] / max(1.0, d["num_draft_tokens"])}
+                st = spec_metrics.spec_stats(before, counters(ep))
+                d = {"num_drafts": st["drafts"], "num_draft_tokens": st["draft_tokens"],
+                     "num_accepted_tokens": st["accepted_tokens"]}  # the keys bench/results/*_raw.json keep
+                res[f"{label}_served"] = {**d, "rate": st["acceptance_rate"]}
                 print(f"{name} {label}: served acceptance {res[f'{label}_served']['rate']:.2%} "
                       f"({d['num_accepted_tokens']:.0f}/{d['num_draft_tokens']:.0f})", flush=True)
     finally:
