@@ -27,7 +27,8 @@ the time to that count:
 Figures: the median over bars of each bar's median relative error |eta - truth| / truth, our
 ratio to each method, per class; coverage of [eta_low_s, eta_high_s] over the observations (and
 the mean over bars of each bar's coverage) and the median relative width (eta_high_s - eta_low_s)
-/ truth.
+/ truth. Beside the best rule, a 90% bootstrap interval of our ratio to it (the bars resampled):
+a class of four bars can win or lose by one bar's luck, and "(within chance)" says so.
 Classes (read off the whole bar, for reporting only: the estimator never sees them):
   rate change   the per-item time of the last half of the items differs from the first half's
                 by x1.25 or more (drift, a step, shards of different sizes, warm then cold)
@@ -43,6 +44,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import math
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -292,6 +294,21 @@ def figures(scores: list[BarScore]) -> dict:
     return fig
 
 
+def ratio_interval(scores: list[BarScore], rule: str, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 90% bootstrap interval of ours' figure over the rule's, resampling the bars: with a handful of
+    bars in a class, a ratio of 1.8 may be one bar's luck; the interval says how far it can be trusted."""
+    if len(scores) < 2:
+        return math.nan, math.nan
+    ours = np.array([statistics.median(s.errs["ours"]) for s in scores])
+    rule_ = np.array([statistics.median(s.errs[rule]) for s in scores])
+    idx = np.random.default_rng(seed).integers(0, len(scores), (resamples, len(scores)))
+    num, den = np.median(ours[idx], axis=1), np.median(rule_[idx], axis=1)
+    ratios = num[den > 0] / den[den > 0]
+    if not len(ratios):
+        return math.nan, math.nan
+    return float(np.quantile(ratios, 0.05)), float(np.quantile(ratios, 0.95))
+
+
 def report(label: str, scores: list[BarScore]) -> dict:
     if not scores:
         print(f"  {label:16s} no bar")
@@ -301,9 +318,13 @@ def report(label: str, scores: list[BarScore]) -> dict:
     best = min(RULES, key=lambda m: f[m])
     f["best_rule"], f["ratio_best"] = best, f["ours"] / f[best] if f[best] else float("inf")
     verdict = "beats every rule" if f["ratio_best"] < 1 else "LOSES"
+    f["ratio_best_90"] = ratio_interval(scores, best)
+    lo, hi = f["ratio_best_90"]
+    if lo <= 1 <= hi:
+        verdict += " (within chance)"
     print(f"  {label:16s} {f['bars']:3d} bars {f['obs']:5d} obs | ours {f['ours']:.3f} tqdm {f['tqdm']:.3f} "
           f"ema {f['ema']:.3f} slope {f['slope']:.3f} mean {f['mean']:.3f} prior {f['prior']:.3f} | "
-          f"ours{ratio} | best rule {best} {f['ratio_best']:.2f}: {verdict} | "
+          f"ours{ratio} | best rule {best} {f['ratio_best']:.2f} (90% {lo:.2f}-{hi:.2f}): {verdict} | "
           f"cov {f['coverage']:.1%} (bars {f['coverage_bars']:.0%}) width {f['width']:.2f}")
     return f
 

@@ -4,6 +4,7 @@ simple rules, scored the same way."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -43,3 +44,22 @@ def test_the_estimator_beats_every_simple_rule_on_a_fixed_part_of_the_bench():
     assert 0.75 <= fig["coverage"] <= 0.85, fig
     per_bar = [statistics.median(s.errs["ours"]) for s in scores]
     assert max(per_bar) < 0.5, per_bar
+
+
+def _bar(ours: float, tqdm: float) -> bench_eta.BarScore:
+    s = bench_eta.BarScore("bar", "tuning")
+    for m in bench_eta.METHODS:
+        s.errs[m].append(tqdm)
+    s.errs["ours"] = [ours]
+    return s
+
+
+def test_the_ratio_to_a_rule_carries_a_bootstrap_interval_over_bars():
+    # every bar twice the rule's error: a loss that no resampling of the bars turns into a win
+    lo, hi = bench_eta.ratio_interval([_bar(0.2 * (1 + i % 3), 0.1 * (1 + i % 3)) for i in range(8)], "tqdm")
+    assert 1.5 < lo <= hi < 2.5, (lo, hi)
+    # half the bars lose by 3x, half win by 3x: the median ratio may say either, the interval spans 1
+    mixed = [_bar(0.3, 0.1) for _ in range(3)] + [_bar(0.1, 0.3) for _ in range(3)]
+    lo, hi = bench_eta.ratio_interval(mixed, "tqdm")
+    assert lo < 1 < hi, (lo, hi)
+    assert all(math.isnan(x) for x in bench_eta.ratio_interval(mixed[:1], "tqdm"))  # one bar: no interval
