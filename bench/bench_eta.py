@@ -28,7 +28,9 @@ Figures: the median over bars of each bar's median relative error |eta - truth| 
 ratio to each method, per class; coverage of [eta_low_s, eta_high_s] over the observations (and
 the mean over bars of each bar's coverage) and the median relative width (eta_high_s - eta_low_s)
 / truth. Beside the best rule, a 90% bootstrap interval of our ratio to it (the bars resampled):
-a class of four bars can win or lose by one bar's luck, and "(within chance)" says so.
+a class of four bars can win or lose by one bar's luck, and "(within chance)" says so. Last, a
+ceiling: "hindsight", the error of the rule that turned out best at each frame, chosen after the
+fact (no estimator can know it), as a ratio to tqdm's: a goal below it asks more than choosing well.
 Classes (read off the whole bar, for reporting only: the estimator never sees them):
   rate change   the per-item time of the last half of the items differs from the first half's
                 by x1.25 or more (drift, a step, shards of different sizes, warm then cold)
@@ -286,6 +288,8 @@ def synthetic_logs(seed: int = 7) -> dict[str, str]:
 def figures(scores: list[BarScore]) -> dict:
     med = statistics.median
     fig = {m: med([med(s.errs[m]) for s in scores]) for m in METHODS}
+    # a ceiling, not a method: at every frame the simple rule that turned out best, chosen in hindsight
+    fig["hindsight"] = med([med([min(s.errs[m][i] for m in RULES) for i in range(s.obs)]) for s in scores])
     obs = sum(s.obs for s in scores)
     fig["coverage"] = sum(s.covered for s in scores) / obs
     fig["coverage_bars"] = statistics.mean(s.covered / s.obs for s in scores)
@@ -325,7 +329,8 @@ def report(label: str, scores: list[BarScore]) -> dict:
     print(f"  {label:16s} {f['bars']:3d} bars {f['obs']:5d} obs | ours {f['ours']:.3f} tqdm {f['tqdm']:.3f} "
           f"ema {f['ema']:.3f} slope {f['slope']:.3f} mean {f['mean']:.3f} prior {f['prior']:.3f} | "
           f"ours{ratio} | best rule {best} {f['ratio_best']:.2f} (90% {lo:.2f}-{hi:.2f}): {verdict} | "
-          f"cov {f['coverage']:.1%} (bars {f['coverage_bars']:.0%}) width {f['width']:.2f}")
+          f"cov {f['coverage']:.1%} (bars {f['coverage_bars']:.0%}) width {f['width']:.2f} | "
+          f"hindsight {f['hindsight'] / f['tqdm']:.2f}x tqdm" if f["tqdm"] else "")
     return f
 
 
