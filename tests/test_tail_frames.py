@@ -81,6 +81,17 @@ def test_long_frame_runs_are_sampled_by_stream_bytes_whatever_the_chunking():
     assert [t for t, _ in small.frames] == ["bar 1", "bar 2", "bar 3"]
 
 
+def test_a_bar_cleared_at_its_end_shows_its_last_frame_even_when_its_run_is_sampled():
+    # tqdm(leave=False) ends its bar with `\r` + spaces + `\r`: the line's visible text is blank, and
+    # a bulk read samples the run, so without care the bar's last count (here 2399) is never seen
+    frames = b"".join(b"\rbar %04d" % i for i in range(2400))
+    for clear in (b"\r" + b" " * 80 + b"\r\n", b"\r" + b" " * 80 + b"\n", b"\r\r\n"):
+        s = run([frames + clear + b"next\n"], sample_bytes=1000)
+        assert s.lines == [("bar 2399", 1), ("next", 2)], clear
+    assert run([b"\rbar 1\r   \n"]).lines == [("bar 1", 1)]
+    assert run([b"  \r\n"]).lines == [("  ", 1)]  # nothing before the blank: the blank shows
+
+
 def test_reset_forgets_the_partial_line():
     s = run([b"abc\npartial"])
     s.sp.reset()

@@ -26,6 +26,7 @@ BlockSink = Callable[[bytes, int, int], "int | None"]
 MAX_LINE = 64 * 1024
 SAMPLE_BYTES = 256 * 1024 # in a long run of frames, look at one frame per this many bytes (+ the last)
 SMALL_RUN = 4096          # a run of frames up to this size is handed over whole
+CLEAR_MAX = 1024          # a blank frame up to this long is a bar being cleared (tqdm pads to the terminal)
 MIN_BLOCK = 512           # a run of complete lines without \r at least this long goes to on_block
 # How a tqdm frame ends: `[elapsed<remaining, rate, postfix]` or `[elapsed, rate]`.
 _FRAME_END_RE = re.compile(rb"\[(?:\d+ days?, )?\d+(?::\d\d){1,2}(?:<[^\]]*)?(?:,[^\]]*)?\]$")
@@ -171,7 +172,9 @@ class FrameSplitter:
         cut = buf.rfind(b"\r", a, b)
         if cut >= 0:
             end = b
-            while cut + 1 == end and cut > a:  # `frame\r\r\n`: the last non-empty frame is what shows
+            # `frame\r\r\n`, or `frame\r<spaces>\r\n` (tqdm's leave=False clearing its bar): the last
+            # frame with text is what shows, so a sampled run still ends at its bar's final count
+            while cut > a and (cut + 1 == end or (end - cut <= CLEAR_MAX and not buf[cut + 1:end].strip())):
                 end = cut
                 cut = buf.rfind(b"\r", a, end)
             if cut > a:
