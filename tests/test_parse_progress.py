@@ -145,6 +145,40 @@ def test_nested_bars_from_real_tqdm_are_kept_apart():
     assert s["bad_lines"] == 0
 
 
+def test_unlabelled_nested_bars_are_kept_apart_by_their_position():
+    # HF Trainer's evaluation bar (position 1, leave=False, no desc) inside its training bar (no desc
+    # either), written by real tqdm; a log record glued after an inner frame's cursor-up, as in a
+    # DeepSpeed run's log (bench/corpus/public/hubert-llama-deepspeed-train-llama2-7b.log)
+    from eaglelab.host.parse.progress import nested_position
+    from eaglelab.host.tail.whole import parse_bytes
+
+    buf = io.StringIO()
+    with tqdm(total=6, file=buf, mininterval=0, position=0) as train:
+        for step in range(6):
+            train.update(1)
+            if step % 3 == 2:
+                for _ in tqdm(range(4), file=buf, mininterval=0, position=1, leave=False):
+                    pass
+                buf.write("03/07/2024 21:45:40 - INFO - __main__ - eval done\n")
+    s = parse_bytes(buf.getvalue().encode(), include_history=True)
+    bars = {(b["total"], b["restarts"]): b for b in s["progress_bars"]}
+    assert sorted(bars) == [(4, 1), (6, 0)], bars  # the training bar never "restarts" at an evaluation
+    assert bars[(6, 0)]["n"] == 6 and [n for _e, n in bars[(6, 0)]["history"]] == sorted(
+        n for _e, n in bars[(6, 0)]["history"])
+    # a nested bar that stays (leave=True, vLLM's `Processed prompts` under `Adding requests`): tqdm
+    # draws its last frame on the first row; it is still that bar, and it ends
+    buf = io.StringIO()
+    with tqdm(total=2, file=buf, mininterval=0, position=0) as outer:
+        for _ in tqdm(range(5), file=buf, mininterval=0, position=1, leave=True):
+            pass
+        outer.update(2)
+    s = parse_bytes(buf.getvalue().encode(), include_history=True)
+    assert sorted((b["n"], b["total"], b["restarts"]) for b in s["progress_bars"]) == [(2, 2, 0), (5, 5, 0)]
+    assert nested_position("\r 50%|#####     | 2/4 [00:01<00:01,  2.00it/s]\x1b[A03/07/2024 INFO x") == 1
+    assert nested_position("\r 50%|#####     | 2/4 [00:01<00:01,  2.00it/s]\x1b[A\x1b[A") == 2
+    assert nested_position("\r 50%|#####     | 2/4 [00:01<00:01,  2.00it/s]") == 0
+
+
 @pytest.mark.parametrize("line,prefix,message", [
     ("(Worker_TP0 pid=12) x", "(Worker_TP0 pid=12)", "x"),
     ("(Worker_PP0_TP0_EP0 pid=7) x", "(Worker_PP0_TP0_EP0 pid=7)", "x"),

@@ -24,7 +24,7 @@ from .estimator import TqdmEma, bar_eta
 @dataclass
 class ReplayRow:
     line: int  # 1-based line of the file the frame is on
-    key: tuple[str, str]  # (process prefix, label): one bar (the parser's bar book)
+    key: tuple[str, str, int]  # (process prefix, label, nested position): one bar (the parser's bar book)
     instance: int  # how many times this key's bar restarted before (a new epoch, a rerun)
     label: str
     n: float
@@ -69,7 +69,7 @@ def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str], int], flo
     emas: dict[tuple, TqdmEma] = {}
     state = LogState(bar_eta=bar_eta)
     def on_bar(track, p) -> None:
-        key, instance = (track.prefix, track.label), track.restarts
+        key, instance = track.key, track.restarts
         # the bar's previous run (the parser keeps it on the track, as the tailer sees it), else the caller's
         prior = track.prior_s_per_item or (priors(track.label) if priors else None)
         n, _tot, elapsed, _rate = track.history[-1] if track.history else (p.n, p.total, None, None)

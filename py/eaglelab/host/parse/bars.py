@@ -1,4 +1,4 @@
-"""Every progress bar seen in a log, kept apart by (process prefix, label), with its history.
+"""Every progress bar seen in a log, kept apart by (process prefix, label, nested position), with its history.
 
 The history — (n, total, elapsed_s, printed s/it) per observation — is what the ETA estimator
 needs; elapsed_s is the bar's own printed elapsed time or, for a frame that prints none (`[?<?]`),
@@ -41,6 +41,10 @@ class BarTrack:
     prior_run: tuple | None = None         # its previous run's (n, elapsed_s) points: the pace it went at, item by item
 
     @property
+    def key(self) -> tuple[str, str, int]:
+        return self.latest.key
+
+    @property
     def finished(self) -> bool:
         t = self.latest.total
         return t is not None and self.latest.n >= t
@@ -48,7 +52,7 @@ class BarTrack:
 
 class BarBook:
     def __init__(self) -> None:
-        self.bars: dict[tuple[str, str], BarTrack] = {}
+        self.bars: dict[tuple[str, str, int], BarTrack] = {}
         self.current: BarTrack | None = None
 
     def observe(self, p: Progress, line: int, now: float | None, line_ts: float | None = None,
@@ -58,8 +62,13 @@ class BarBook:
         line_ts: the line's own timestamp (epoch seconds), the bar's clock when it prints no elapsed.
         lead=False (a launcher rank other than 0): the bar is kept but becomes the current one only
         while no other is, so two ranks' interleaved bars cannot make the progress jump."""
-        key = (p.prefix, p.label)
+        key = p.key
         track = self.bars.get(key)
+        if p.position == 0 and (track is None or p.n < track.latest.n or p.total != track.latest.total):
+            nested = self._closing_nested(p)
+            if nested is not None:  # its last frame: tqdm's close(leave=True) draws it on the first row
+                p.position = nested.latest.position
+                key, track = p.key, nested
         if track is None:
             if len(self.bars) >= MAX_BARS:
                 self._forget_one()
@@ -102,6 +111,15 @@ class BarBook:
         if lead or self.current is None:
             self.current = track
         return track, advanced
+
+    def _closing_nested(self, p: Progress) -> BarTrack | None:
+        """The nested bar (same prefix, label and total) that a first-row frame at or past its count
+        ends, if any: unfinished, or finished at this very count (the frame repeats its last)."""
+        found = [t for t in self.bars.values()
+                 if t.latest.position and t.prefix == p.prefix and t.label == p.label
+                 and t.latest.total == p.total and (t.latest.n <= p.n if not t.finished else t.latest.n == p.n)
+                 and (p.elapsed_s is None or t.latest.elapsed_s is None or t.latest.elapsed_s <= p.elapsed_s)]
+        return max(found, key=lambda t: t.last_line) if found else None
 
     def _forget_one(self) -> None:
         victims = [k for k, t in self.bars.items() if t.finished and t is not self.current] or \

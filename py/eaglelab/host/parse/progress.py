@@ -52,11 +52,28 @@ class Progress:
     rate_s_per_it: float | None     # seconds per unit, whichever way it was printed
     postfix: dict[str, str] = field(default_factory=dict)
     prefix: str = ""                # the process prefix stripped, e.g. '(Worker_TP0 pid=12)'
+    position: int = 0               # a nested bar's row below the first (nested_position)
 
     @property
-    def key(self) -> tuple[str, str]:
-        """What tells one bar from another interleaved with it: (process prefix, label)."""
-        return (self.prefix, self.label)
+    def key(self) -> tuple[str, str, int]:
+        """What tells one bar from another interleaved with it: (process prefix, label, position)."""
+        return (self.prefix, self.label, self.position)
+
+
+# tqdm draws a nested bar (position k > 0: an evaluation loop inside training, a file inside a
+# download) k rows down and then moves the cursor back up: `\n` * k, the frame, ESC[A * k. In a
+# log file the rows never move, so the cursor-ups after the frame's `]` (a log record may follow
+# them on the same line) are all that tells an unlabelled evaluation bar from the unlabelled
+# training bar it interleaves with (HF Trainer's two bars).
+_NESTED_RE = re.compile(r"\]\s*((?:\x1b\[A)+)")
+
+
+def nested_position(raw: str) -> int:
+    """How many rows below the first a raw frame (escape sequences not yet stripped) was drawn."""
+    if "\x1b[A" not in raw:
+        return 0
+    m = _NESTED_RE.search(raw)
+    return m.group(1).count("\x1b[A") if m else 0
 
 
 def parse_time(text: str | None) -> float | None:

@@ -19,7 +19,7 @@ from .bars import BarBook, BarTrack, line_timestamp
 from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, TRAIN_PLAN, TRAIN_STEP, Event
 from .failures import GENERIC, ROOT_CAUSES, Candidate, FailureRecognizer
 from .prefixes import follower, split_prefix
-from .progress import parse_bar, parse_cut_frames, split_glued
+from .progress import nested_position, parse_bar, parse_cut_frames, split_glued
 from .records import LogClock, parse_record
 from .stall import check_stall
 
@@ -171,6 +171,7 @@ class LogState:
             self._add_candidate(cand, now)
 
     def _on_bar(self, p, lineno: int, now: float | None, text: str = "") -> None:
+        p.position = nested_position(text)
         line_ts = None
         if p.elapsed_s is None:  # (tqdm's `[?<?]`): the line's own timestamp is the bar's clock
             ts = line_timestamp(strip_ansi(text))
@@ -327,8 +328,8 @@ class LogState:
 
     # ---- output ------------------------------------------------------------------------------
 
-    def bar_histories(self) -> dict[tuple[str, str], list[tuple]]:
-        """(prefix, label) -> [(n, total, elapsed_s, s/it), ...] for every bar: the ETA estimator's input."""
+    def bar_histories(self) -> dict[tuple[str, str, int], list[tuple]]:
+        """(prefix, label, position) -> [(n, total, elapsed_s, s/it), ...] for every bar: the ETA estimator's input."""
         return {k: list(t.history) for k, t in self.bars.bars.items()}
 
     def snapshot(self, now: float | None = None, alive: bool | None = None,
