@@ -600,7 +600,7 @@ def test_the_range_widens_after_a_change_in_the_rate_and_only_then(monkeypatch):
     rng = np.random.default_rng(3)
     step = np.r_[np.full(40, 2.0), np.full(40, 4.0)] * rng.lognormal(0.0, 0.1, 80)
     got = combine(_candidates(step), 40.0, None, None, None)
-    assert got is not None and math.log(got[2] / got[1]) > 1.3, got
+    assert got is not None and math.log(got[2] / got[1]) > 1.0, got  # ln(high/low): the step alone widens it beyond x2.7
     steady = 2.0 * rng.lognormal(0.0, 0.1, 80)
     with_rule = combine(_candidates(steady), 40.0, None, None, None)
     monkeypatch.setattr(ensemble, "DRIFT_RANGE", 0.0)
