@@ -147,23 +147,29 @@ def _slope_eta(history, r) -> float | None:
     return dt / dn * (r.total - r.n)
 
 
-def score_bar(name: str, split: str, rows, prior_rate: float | None, real_total) -> BarScore | None:
-    rows = [r for r in rows if r.elapsed_s is not None]
+def scored_frames(rows):
+    """The frames of one bar that are scored: (i, row, truth, total) for each frame before the bar's
+    last count with 2 s or more to go, an estimate of ours and a mean rate to compare (rows: the bar's
+    replay rows with a clock). Nothing when the bar never reaches the count it is scored to."""
     if len(rows) < 2 or rows[-1].total is None or rows[-1].n < rows[-1].total:
-        return None
+        return
     total = rows[-1].total
     t_end = next(r.elapsed_s for r in rows if r.n >= total)
-    s = BarScore(name, split, complete=real_total is not None and total >= real_total)
     for i, r in enumerate(rows):
         if r.n >= total:
-            break
+            return
         truth = t_end - r.elapsed_s
-        if truth < MIN_TRUTH_S or r.eta_s is None:
-            continue
+        if truth >= MIN_TRUTH_S and r.eta_s is not None and _mean_eta(rows[: i + 1], r) is not None:
+            yield i, r, truth, total
+
+
+def score_bar(name: str, split: str, rows, prior_rate: float | None, real_total) -> BarScore | None:
+    rows = [r for r in rows if r.elapsed_s is not None]
+    s = BarScore(name, split, complete=real_total is not None and bool(rows) and rows[-1].total is not None
+                 and rows[-1].total >= real_total)
+    for i, r, truth, total in scored_frames(rows):
         hist = rows[: i + 1]
         mean = _mean_eta(hist, r)
-        if mean is None:
-            continue
         slope = _slope_eta(hist, r) or mean
         ema = r.ema_eta_s if r.ema_eta_s is not None else mean
         tqdm = r.tqdm_eta_s if r.tqdm_eta_s is not None else ema
@@ -218,15 +224,21 @@ def build_priors(logs) -> PriorTable:
     return table
 
 
-def score_text(name: str, split: str, text: str, table: PriorTable | None) -> tuple[list[BarScore], int]:
+def scored_bars(text: str) -> tuple[dict, dict]:
+    """Every bar of a log replayed up to the last count the log shows ({(key, instance): rows}), and
+    each bar's own printed total ({(key, instance): total}: a bar scored to it is complete)."""
     first = _bars(text)
     last = {k: rows[-1].n for k, rows in first.items() if any(r.elapsed_s is not None for r in rows)}
-    real_totals = {k: rows[-1].total for k, rows in first.items()}
+    return _bars(text, horizons=last), {k: rows[-1].total for k, rows in first.items()}
+
+
+def score_text(name: str, split: str, text: str, table: PriorTable | None) -> tuple[list[BarScore], int]:
+    bars, real_totals = scored_bars(text)
     out, unscored = [], 0
     # The estimator gets the history it would have here: the same bar's earlier run in this log
     # (replay does that itself). Other logs' bars of the same label are a different model, host
     # and disk: they make the prior baseline, not our input.
-    for (key, inst), rows in _bars(text, horizons=last).items():
+    for (key, inst), rows in bars.items():
         fallback = table.lookup(name, key[1]) or table.fallback(name) if table else None
         s = score_bar(f"{name}:{key[1] or '(bar)'}#{inst}", split, rows, fallback, real_totals.get((key, inst)))
         if s is None:
@@ -326,11 +338,11 @@ def report(label: str, scores: list[BarScore]) -> dict:
     lo, hi = f["ratio_best_90"]
     if lo <= 1 <= hi:
         verdict += " (within chance)"
+    ceiling = f"{f['hindsight'] / f['tqdm']:.2f}x tqdm" if f["tqdm"] else "-"
     print(f"  {label:16s} {f['bars']:3d} bars {f['obs']:5d} obs | ours {f['ours']:.3f} tqdm {f['tqdm']:.3f} "
           f"ema {f['ema']:.3f} slope {f['slope']:.3f} mean {f['mean']:.3f} prior {f['prior']:.3f} | "
           f"ours{ratio} | best rule {best} {f['ratio_best']:.2f} (90% {lo:.2f}-{hi:.2f}): {verdict} | "
-          f"cov {f['coverage']:.1%} (bars {f['coverage_bars']:.0%}) width {f['width']:.2f} | "
-          f"hindsight {f['hindsight'] / f['tqdm']:.2f}x tqdm" if f["tqdm"] else "")
+          f"cov {f['coverage']:.1%} (bars {f['coverage_bars']:.0%}) width {f['width']:.2f} | hindsight {ceiling}")
     return f
 
 

@@ -50,19 +50,10 @@ def frames(split: str = "tuning") -> list[dict]:
         if sp != split:
             continue
         text = (ROOT / path).read_bytes().decode("utf-8", errors="replace")
-        first = bench_eta._bars(text)
-        last = {k: rows[-1].n for k, rows in first.items() if any(r.elapsed_s is not None for r in rows)}
-        for (key, inst), rows in bench_eta._bars(text, horizons=last).items():
+        for (key, inst), rows in bench_eta.scored_bars(text)[0].items():
             rows = [r for r in rows if r.elapsed_s is not None]
-            if len(rows) < 2 or rows[-1].total is None or rows[-1].n < rows[-1].total:
-                continue
-            total = rows[-1].total
-            t_end = next(r.elapsed_s for r in rows if r.n >= total)
-            for i, r in enumerate(rows):
-                if r.n >= total:
-                    break
-                truth = t_end - r.elapsed_s
-                if truth < bench_eta.MIN_TRUTH_S or not r.eta_s or bench_eta._mean_eta(rows[: i + 1], r) is None:
+            for _i, r, truth, total in bench_eta.scored_frames(rows):
+                if not r.eta_s:  # a zero estimate has no log ratio to correct
                     continue
                 ema = r.ema_eta_s if r.ema_eta_s else None
                 tqdm = r.tqdm_eta_s if r.tqdm_eta_s is not None else ema

@@ -56,7 +56,7 @@ def frames(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
                 yield i, frame
 
 
-def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str], int], float] | None = None,
+def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str, int], int], float] | None = None,
            priors: Callable[[str], float | None] | None = None) -> Iterator[ReplayRow]:
     """One row per progress frame, in file order, each estimated from the frames up to it.
 
