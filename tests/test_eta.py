@@ -539,6 +539,27 @@ def test_the_mean_rate_stays_out_after_a_step_in_the_rate():
     assert got is not None and "mean" not in got[3], got[3]
 
 
+def test_a_training_bar_with_periodic_pauses_counts_their_share_of_the_time():
+    # 1.5 s a step and a 60 s evaluation every 50 steps: between pauses the EMA and the fit see only the
+    # steps; the "pause" candidate is the regular steps' rate plus the pauses' time per step so far
+    from eaglelab.eta.ensemble import combine
+
+    rng = np.random.default_rng(3)
+    per_item = 1.5 * rng.lognormal(0.0, 0.1, 320)
+    per_item[49::50] += 60.0
+    c = _candidates(per_item[:220])
+    pause = c.rates["pause"][-1]
+    assert abs(pause - (1.5 + 4 * 60.0 / 220)) < 0.15, pause
+    got = combine(c, 100.0, None, None, None)
+    assert got is not None and "pause" in got[3], got
+    truth = float(np.sum(per_item[220:]))  # 100 steps and two evaluations
+    ema_items = c.rates["ema"][-1] * 100
+    assert abs(math.log(got[0] / truth)) < 0.5 * abs(math.log(ema_items / truth)), (got[0], ema_items, truth)
+    # a bar with no pause has no such candidate
+    steady = _candidates(1.5 * rng.lognormal(0.0, 0.1, 220))
+    assert all(math.isnan(x) for x in steady.rates["pause"])
+
+
 def _two_runs_log(per_item: np.ndarray, runs: int = 2, every_s: float = 1.0) -> list[str]:
     """`runs` runs of one bar (the same label, the count starting over), printed as tqdm prints to a
     file: a frame when at least `every_s` passed since the last one, and at the last item."""
