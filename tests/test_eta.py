@@ -555,6 +555,20 @@ def test_a_training_bar_with_periodic_pauses_counts_their_share_of_the_time():
     truth = float(np.sum(per_item[220:]))  # 100 steps and two evaluations
     ema_items = c.rates["ema"][-1] * 100
     assert abs(math.log(got[0] / truth)) < 0.5 * abs(math.log(ema_items / truth)), (got[0], ema_items, truth)
+    # the pauses came every 50 steps: the ones ahead are counted where they fall, not spread evenly
+    m = len(c.n) - 1
+    base = c.pause_base[m]
+    assert abs(base - 1.5) < 0.1, base
+    for items, pauses in ((20.0, 0), (40.0, 1), (100.0, 2)):  # from step 220: pauses at 250, 300
+        got_s = float(c.pause_items(np.asarray([m]), np.asarray([items]))[0])
+        assert abs(got_s - (base * items + pauses * 60.0)) < 5.0, (items, got_s)
+    # pauses at no steady period (long examples in a Map) are spread evenly: their share per item
+    irregular = 1.5 * rng.lognormal(0.0, 0.1, 220)
+    irregular[[29, 109, 129]] += 60.0
+    ci = _candidates(irregular)
+    mi = len(ci.n) - 1
+    spread = float(ci.pause_items(np.asarray([mi]), np.asarray([40.0]))[0])
+    assert abs(spread - ci.rates["pause"][mi] * 40.0) < 1e-6
     # a bar with no pause has no such candidate
     steady = _candidates(1.5 * rng.lognormal(0.0, 0.1, 220))
     assert all(math.isnan(x) for x in steady.rates["pause"])
