@@ -119,7 +119,7 @@ class Candidates:
         self._ema_from: tuple[float, float] | None = None
         # the last PAUSE_WINDOW regular steps' (time, items), and their sums: pauses left out
         self._steps: list = [deque(), 0.0, 0.0]
-        self._pause = [0.0, 0]  # the pauses' time beyond the regular rate, and how many
+        self._pause_s = 0.0  # the pauses' time beyond the regular rate, all told
         self._pauses: list[tuple[float, float]] = []  # each pause's (count it ended at, time beyond the rate)
         self.pause_base: list[float] = []  # at each observation: the regular steps' rate then ...
         self.pause_seen: list[int] = []  # ... and how many pauses had been seen
@@ -184,8 +184,7 @@ class Candidates:
         steps = self._steps
         base = steps[1] / steps[2] if len(steps[0]) >= PAUSE_MIN_STEPS and steps[2] > 0 else None
         if base and dt >= PAUSE_MIN_TICKS * self.resolution and dt > PAUSE_X * base * dn:
-            self._pause[0] += dt - base * dn
-            self._pause[1] += 1
+            self._pause_s += dt - base * dn
             self._pauses.append((self.n[i], dt - base * dn))
         elif dn > 0:
             if len(steps[0]) == PAUSE_WINDOW:
@@ -197,10 +196,10 @@ class Candidates:
             steps[2] += dn
         self.pause_base.append(base if base else math.nan)
         self.pause_seen.append(len(self._pauses))
-        if not self._pause[1] or not base:
+        if not self._pauses or not base:
             return math.nan
         span = self.n[i] - self.n[0]
-        return base + self._pause[0] / span if span > 0 else math.nan
+        return base + self._pause_s / span if span > 0 else math.nan
 
     def pause_items(self, js: np.ndarray, items: np.ndarray) -> np.ndarray:
         """The "pause" candidate's time for `items` items from observation(s) js. Where the pauses
