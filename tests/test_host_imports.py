@@ -34,3 +34,26 @@ def test_hostside_as_a_program_answers_the_slurm_verbs_too(tmp_path):
         assert verb in usage
     got = hostside("slurm_report", json.dumps({"work_dir": str(tmp_path)}))  # slurmside's report, not a usage
     assert got["runs"] == [] and "slurm_error" in got, got
+
+
+def test_a_log_whose_bars_all_finished_parses_without_numpy(tmp_path):
+    """numpy (the estimator's) costs a cold `lab parse` ~0.1 CPU s (its import, OpenBLAS's threads):
+    a server log whose only bar, the weight loading, finished long ago has no ETA to estimate."""
+    log = tmp_path / "server.log"
+    log.write_text("INFO 12-04 04:00:00 [loader.py:1] Starting to load model tiny...\n"
+                   "\rLoading safetensors checkpoint shards:   0% Completed | 0/2 [00:00<?, ?it/s]"
+                   "\rLoading safetensors checkpoint shards: 100% Completed | 2/2 [00:04<00:00,  2.00s/it]\n"
+                   "INFO 12-04 04:00:10 [api_server.py:1] Starting vLLM API server on http://0.0.0.0:8000\n")
+    code = ("import sys, json\nfrom eaglelab.host.tail.whole import parse_file\n"
+            f"s = parse_file({str(log)!r})\n"
+            "print(json.dumps([s['progress']['n'], s['progress']['eta_s'], 'numpy' in sys.modules]))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": str(ROOT / "py"), "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout) == [2, 0, False]
+    # and one still running does load it, for its ETA
+    log.write_text(log.read_text().replace("2/2 [00:04<00:00", "1/2 [00:02<00:02"))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": str(ROOT / "py"), "PATH": "/usr/bin:/bin"})
+    n, eta, numpy_loaded = json.loads(p.stdout)
+    assert n == 1 and eta and numpy_loaded

@@ -12,6 +12,8 @@ def bar_eta(observations: list, total: float | None, label: str, remaining_s: fl
             prior_s_per_item: float | None = None, prior_run: tuple | None = None) -> tuple:
     """The estimator (eaglelab.eta.bar_eta), imported on first use: it pulls numpy, which a log with
     no progress bar never needs."""
+    if total is not None and observations and observations[-1][0] >= total:
+        return 0.0, 0.0, 0.0  # a finished bar (a server's weight loading, long done): no numpy either
     # numpy, through the estimator: a log with no progress bar never needs it
     from eaglelab.eta.estimator import bar_eta as estimate
 
