@@ -201,7 +201,7 @@ def parse_in_child(path: Path, warmup: Path | None = None, prefilter: bool = Tru
 def throughput(tmp: Path, mb: int, runs_n: int = 5, server_mb: int = 50, only_server: bool = False) -> None:
     print(f"## 1. Throughput (same run, same file, page cache warm; CPU seconds, best of {runs_n})\n")
     print("parse_file in a fresh process after a 1 MB warm-up parse (throughput), and as the first parse of "
-          "that process (`cold`: adds the one-time cost of what parse_file imports lazily: numpy via eaglelab.eta, whose OpenBLAS thread spins ~0.1 s of CPU after import)\n")
+          "that process (`cold`: adds the one-time cost of what parse_file imports lazily: numpy via eaglelab.eta, whose OpenBLAS thread spins ~0.1 s of CPU after import, where a bar is still running; the warm-up's own bar is, so the warm process carries numpy even for a log that never needs it)\n")
     print("| log | size | lines | frames read | grep -c | CPU s | MB/s | parse CPU s | MB/s | lines/s | speed vs grep "
           "| cold parse CPU s | cold vs grep |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
