@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import errno
+import secrets
 import socket
 import subprocess
 
-from testlab import TestLab
+import pytest
+
+from testlab import TestLab, add_netns, netns_lock, sh
 
 
 def test_guard_route_keeps_test_addresses_off_the_real_network(netlab):
@@ -37,3 +40,22 @@ def test_teardown_kills_every_process_and_namespace(tmp_path):
     except FileNotFoundError:
         state = "gone"
     assert state in ("gone", "Z")  # killed (a zombie until PID 1 reaps it)
+
+
+def test_a_failing_lab_command_says_what_it_wrote_to_stderr():
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        sh("ip", "netns", "add", "a/b")
+    assert 'Invalid netns name "a/b"' in str(failed.value)
+
+
+def test_a_namespace_that_exists_is_refused_and_left_alone():
+    name = f"eltest{secrets.token_hex(3)}"
+    add_netns(name)
+    try:
+        with pytest.raises(FileExistsError, match=name):
+            add_netns(name)
+        assert name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    finally:
+        with netns_lock():
+            sh("ip", "netns", "del", name, check=False)
+    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

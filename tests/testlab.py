@@ -15,12 +15,17 @@ Facts this relies on (../shared/docs/testlab.md, measured on the CI kind of mach
 - each host's /etc/hosts names it (and the others), and its resolv.conf points at its own loopback:
   no lookup asks the machine's nameserver, unreachable from a namespace (each vLLM start waited
   120 s on it);
-- `ip netns del` does not kill processes: every pid of `ip netns pids` is killed first.
+- `ip netns del` does not kill processes: every pid of `ip netns pids` is killed first;
+- `ip netns add` once failed in CI with the xdist workers building labs side by side (exit 1, its
+  stderr unrecorded): namespaces are made and deleted under one machine-wide lock, a failed add is
+  cleaned up and tried again, and every failing command's error carries its stderr.
 Needs root, iproute2 and openssh-server (bin/setup-system installs them).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
 import shutil
@@ -55,8 +60,48 @@ while True:
 '''
 
 
+NETNS_LOCK = Path("/run/lock/eaglelab-testlab-netns.lock")
+
+
+class CommandFailed(subprocess.CalledProcessError):
+    """A CalledProcessError whose message says what the command wrote to stderr."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()} stderr: {(self.stderr or '').strip()[-2000:]!r}"
+
+
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, check=check, capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if check and done.returncode:
+        raise CommandFailed(done.returncode, argv, done.stdout, done.stderr)
+    return done
+
+
+@contextlib.contextmanager
+def netns_lock():
+    """One namespace change at a time on this machine, across pytest's worker processes."""
+    NETNS_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(NETNS_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def add_netns(name: str, attempts: int = 3) -> None:
+    """`ip netns add`, under the lock; a failed add leaves its half-made file, deleted before a retry."""
+    if (Path("/run/netns") / name).exists():  # someone else's: never delete it on their behalf
+        raise FileExistsError(f"network namespace {name} exists already (`ip netns list`)")
+    for attempt in range(1, attempts + 1):
+        with netns_lock():
+            done = sh("ip", "netns", "add", name, check=False)
+            if not done.returncode:
+                return
+            sh("ip", "netns", "del", name, check=False)
+        if attempt == attempts:
+            raise CommandFailed(done.returncode, ("ip", "netns", "add", name), done.stdout, done.stderr)
+        time.sleep(0.2 * attempt)
 
 
 def require_root_tools() -> None:
@@ -103,14 +148,14 @@ class TestLab:
         return self
 
     def _network(self) -> None:
-        sh("ip", "netns", "add", self.ctl)
+        add_netns(self.ctl)
         self._made.append(self.ctl)
         for cmd in (["link", "set", "lo", "up"], ["link", "add", "br0", "type", "bridge"],
                     ["addr", "add", f"{GATEWAY}/24", "dev", "br0"], ["link", "set", "br0", "up"]):
             sh("ip", "-n", self.ctl, *cmd)
         for i, (h, addr) in enumerate(self.hosts.items(), 1):
             ns = self.ns(h)
-            sh("ip", "netns", "add", ns)
+            add_netns(ns)
             self._made.append(ns)
             sh("ip", "-n", ns, "link", "set", "lo", "up")
             sh("ip", "-n", self.ctl, "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
@@ -208,7 +253,8 @@ class TestLab:
                     except (ProcessLookupError, ValueError):
                         pass
                 time.sleep(0.05)
-            sh("ip", "netns", "del", ns, check=False)
+            with netns_lock():
+                sh("ip", "netns", "del", ns, check=False)
         self._made.clear()
         for p in self.sshd.values():
             try:
