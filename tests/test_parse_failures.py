@@ -185,6 +185,32 @@ def test_a_caught_and_logged_traceback_then_progress_is_survived():
     assert s["state"] == "running" and s["failure"] is None and s["failures_survived"] == 1
 
 
+_SERVING = ("(APIServer pid=7) INFO:     Application startup complete.\n"
+            "(APIServer pid=7) INFO 04-27 15:11:14 [loggers.py:236] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+            "Avg generation throughput: 7.5 tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%\n")
+_SHUTDOWN = ("(APIServer pid=7) INFO:     Shutting down\n"
+             "(APIServer pid=7) INFO:     Waiting for application shutdown.\n"
+             "(APIServer pid=7) INFO:     Application shutdown complete.\n"
+             "(APIServer pid=7) INFO:     Finished server process [7]\n")
+_ENGINE_DIED = ("(APIServer pid=7) ERROR 04-27 18:09:47 [core_client.py:600] Engine core proc EngineCore_DP0 died "
+                "unexpectedly, shutting down client.\n"
+                "(APIServer pid=7) ERROR 04-27 18:09:47 [async_llm.py:546] Traceback (most recent call last):\n"
+                '(APIServer pid=7) ERROR 04-27 18:09:47 [async_llm.py:546]   File "async_llm.py", line 498, in output_handler\n'
+                "(APIServer pid=7) ERROR 04-27 18:09:47 [async_llm.py:546] vllm.v1.engine.exceptions.EngineDeadError: "
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.\n")
+
+
+def test_a_server_that_shuts_down_after_its_engine_died_failed():
+    # the shutdown follows from the error: it is not the process going on (it was read `completed`)
+    s = state_of(_SERVING + _ENGINE_DIED + _SHUTDOWN)
+    assert s["state"] == "failed" and "EngineDeadError" in s["failure"]["message"]
+
+
+def test_a_server_that_served_on_after_an_error_then_shut_down_completed():
+    s = state_of(_SERVING + _ENGINE_DIED + _SERVING.splitlines(keepends=True)[1] + _SHUTDOWN)
+    assert s["state"] == "completed" and s["failure"] is None and s["failures_survived"] == 1
+
+
 def test_a_traceback_after_the_last_progress_is_a_failure():
     log = ("Generating responses:  20%|##        | 2/10 [00:02<00:08,  1.00it/s]\n"
            "Traceback (most recent call last):\n"

@@ -33,6 +33,9 @@ _RECOGNIZERS = (markers.recognize, vllm.recognize, speculators.recognize, traini
 _BAR_PHASES = {**vllm.BAR_PHASES, **speculators.BAR_PHASES}
 _LEAD_ONLY = frozenset((TRAIN_STEP, TRAIN_PLAN))
 _MOVING = frozenset((METRIC, PHASE_START, PHASE_END, READY, TRAIN_STEP))
+# ... except the shutdown: a server that shuts down after an error line (vLLM's `EngineDeadError`,
+# then uvicorn's `Shutting down`) did not survive it, its shutdown follows from it.
+_WINDING_DOWN = "shutdown"
 
 
 # (observations, total, label, tqdm's printed remaining) -> (eta_s, eta_low_s, eta_high_s): the
@@ -163,7 +166,7 @@ class LogState:
                     moved = True
                 else:
                     self._on_event(ev, prefix, lineno, now)
-                    moved = moved or ev.kind in _MOVING
+                    moved = moved or ev.kind in _MOVING and ev.name != _WINDING_DOWN
             if moved:
                 self._activity(prefix, now)
         cand = self._failures.feed(prefix, rec.level, rec.message, lineno)
