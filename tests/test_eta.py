@@ -644,3 +644,41 @@ def test_the_range_widens_after_a_change_in_the_rate_and_only_then(monkeypatch):
     assert with_rule[1:3] == pytest.approx(without[1:3])
     widened = combine(_candidates(step), 40.0, None, None, None)
     assert math.log(got[2] / got[1]) > math.log(widened[2] / widened[1]) + 0.2
+
+
+# --- the whole-second tick -----------------------------------------------------------------------
+
+
+def test_an_eta_on_a_whole_second_clock_is_on_the_tick_and_its_range_reaches_whole_seconds():
+    # tqdm's MM:SS clock: 2.5 s an item, so the fit says 2.5 s per item left; the time left as the
+    # log will read it is a whole number of seconds, and so is ours, the range out to whole seconds
+    hist = [(k, 40, 2.5 * k // 1, None) for k in range(0, 31)]
+    eta, low, high = bar_eta(hist, 40, "Map")
+    assert eta == round(eta) and low == math.floor(low) and high == math.ceil(high)
+    assert abs(eta - 25.0) <= 1.0 and low <= eta <= high
+
+
+def test_an_eta_on_a_fine_clock_is_not_rounded():
+    # a clock from millisecond timestamps: nothing to round to
+    hist = [(k, 40, 2.503 * k, None) for k in range(0, 31)]
+    eta, low, high = bar_eta(hist, 40, "Map")
+    assert eta != round(eta) and abs(eta - 25.03) < 0.5 and low < eta < high
+
+
+def test_the_tick_is_the_median_of_the_time_left_as_the_log_reads_it():
+    # why on_the_tick rounds: from a random point inside a second, R seconds left read off a
+    # whole-second clock is floor(R) or floor(R) + 1; round(R) is right more often than R itself,
+    # floor(R) (tqdm's format) or ceil(R)
+    from eaglelab.eta.estimator import on_the_tick
+
+    rng = np.random.default_rng(0)
+    hits = {"tick": 0, "floor": 0, "ceil": 0, "exact": 0}
+    for R in rng.uniform(2, 30, 4000):
+        phase = rng.uniform(0, 1)
+        truth = math.floor(phase + R)
+        hits["tick"] += on_the_tick(R, R, R)[0] == truth
+        hits["floor"] += math.floor(R) == truth
+        hits["ceil"] += math.ceil(R) == truth
+        hits["exact"] += R == truth
+    assert hits["tick"] > 0.7 * 4000 and hits["tick"] > max(hits["floor"], hits["ceil"]) * 1.3, hits
+    assert on_the_tick(2.4, 2.3, 2.8) == (2.0, 2.0, 3.0)  # a range [2.3, 2.8] holds no whole second

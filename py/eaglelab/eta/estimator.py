@@ -434,10 +434,13 @@ class BarTracker:
         self.history_run: tuple | None = None  # an earlier run's (n, elapsed_s) points (the caller's)
         self.restarts = 0
         self.cands = Candidates(resolution or 1.0)  # the simple estimators, for the online backtest
+        self.whole_seconds = True  # every clock reading so far a whole second (tqdm's MM:SS, most timestamps)
 
     def add(self, clock: float, n: float, total: float | None = None, rate_s_per_item: float | None = None) -> None:
         if total is not None:
             self.total = total
+        if clock != int(clock):
+            self.whole_seconds = False
         if rate_s_per_item:
             self.rate_hint = rate_s_per_item
         if self.points and (n < self.points[-1][1] or clock < self.points[-1][0]):
@@ -510,6 +513,19 @@ class BarTracker:
         return BarEstimate(eta, min(low, eta), high, p, source, items_s=items_s)
 
 
+def on_the_tick(eta: float, low: float, high: float) -> tuple[float, float, float]:
+    """An ETA on a clock that ticks in whole seconds, put on the tick: the estimate to the nearest
+    second, its range out to the whole seconds around it.
+
+    On such a clock the time left, as it will be read off the log (the second the bar ends minus the
+    second it reads now), is a whole number: a remaining R read from a random point of a second is
+    floor(R) or floor(R) + 1, the second with probability frac(R), so its median is round(R). A range
+    [2.3, 2.8] holds no whole second at all; [2, 3] holds both. Rounding moves an estimate by half a
+    second at most, nothing on the hours a stage takes; on a bar with seconds left it is the
+    difference between hitting the second and missing it (docs/eta.md, "tenth round")."""
+    return float(math.floor(eta + 0.5)), float(math.floor(low)), float(math.ceil(high))
+
+
 # bar_eta's trackers, kept between calls on the same growing history (the tailer's snapshots, a
 # replay's every frame): id(history) -> (history, observations consumed, the last one, tracker).
 _TRACKERS: dict[int, tuple[list, int, tuple, str, BarTracker]] = {}
@@ -554,6 +570,8 @@ def bar_eta(observations: Sequence[tuple], total: float | None, label: str = "",
     if tracker.points:
         est = tracker.estimate(total=total)
     if est is not None:
+        if tracker.whole_seconds:
+            return on_the_tick(est.eta_s, est.eta_low_s, est.eta_high_s)
         return est.eta_s, est.eta_low_s, est.eta_high_s
     if tqdm_remaining_s is None:
         return None, None, None
