@@ -51,7 +51,9 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import itertools
 import math
+import operator
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -62,6 +64,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
+from eaglelab.eta.estimator import on_the_tick
 from eaglelab.eta.replay import replay
 
 SPLIT = ROOT / "bench" / "corpus" / "SPLIT.tsv"
@@ -176,6 +179,8 @@ def score_bar(name: str, split: str, rows, prior_rate: float | None, real_total)
     rows = [r for r in rows if r.elapsed_s is not None]
     s = BarScore(name, split, complete=real_total is not None and bool(rows) and rows[-1].total is not None
                  and rows[-1].total >= real_total)
+    # the clock has read whole seconds up to each frame (the estimator's own rule, BarTracker.whole_seconds)
+    whole_so_far = list(itertools.accumulate((float(r.elapsed_s).is_integer() for r in rows), operator.and_))
     for i, r, truth, total in scored_frames(rows):
         hist = rows[: i + 1]
         mean = _mean_eta(hist, r)
@@ -186,9 +191,9 @@ def score_bar(name: str, split: str, rows, prior_rate: float | None, real_total)
         ests = {"ours": r.eta_s, "tqdm": tqdm, "ema": ema, "slope": slope, "mean": mean, "prior": prior}
         for m, v in ests.items():
             s.errs[m].append(abs(v - truth) / truth)
-        whole = all(float(h.elapsed_s).is_integer() for h in hist)
+        whole = whole_so_far[i]
         for m in RULES:
-            s.errs[f"{m}@"].append(abs((math.floor(ests[m] + 0.5) if whole else ests[m]) - truth) / truth)
+            s.errs[f"{m}@"].append(abs((on_the_tick(ests[m], 0, 0)[0] if whole else ests[m]) - truth) / truth)
         # beyond the tick: the truth read off a whole-second clock is the time left to within a second
         # either way (both ends floored), so an estimate inside (truth - 1, truth + 1) may be exact
         tick = 1.0 if whole else 0.0
