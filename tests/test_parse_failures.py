@@ -341,3 +341,48 @@ def test_a_unit_after_a_space_is_a_bar():
     p = state_of("Generating train split: 68 examples [01:54,  1.58s/ examples]\n")["progress"]
     assert (p["label"], p["n"], p["total"], p["elapsed_s"]) == ("Generating train split", 68, None, 114.0)
     assert p["rate_s_per_it"] == 1.58 and p["unit"] == "examples"
+
+
+@pytest.mark.parametrize("job_line,reason", [
+    ("[1]+  Killed                  python train.py", "host_oom_killed"),       # bash's job table
+    ("[1]    26478 killed     python test.py", "host_oom_killed"),              # zsh's
+    ("zsh: killed     python test.py", "host_oom_killed"),
+    ("[2]  - 1234 segmentation fault  python infer.py", "segfault"),
+    ("zsh: segmentation fault  python infer.py", "segfault"),
+])
+def test_a_shells_job_line_for_its_dead_child_is_the_reason(job_line, reason):
+    alone = state_of(f"starting\n{job_line}\n")
+    assert alone["state"] == "failed" and alone["failure"]["reason"] == reason
+    # zsh prints it where the cursor was: after the last frame of a bar, with no newline between
+    glued = state_of("Loading checkpoint shards:   0%|          | 0/3 [00:00<?, ?it/s]" + job_line + "\n")
+    assert glued["state"] == "failed" and glued["failure"]["reason"] == reason
+    assert (glued["progress"]["n"], glued["progress"]["total"]) == (0, 3)
+
+
+def test_text_that_only_mentions_a_kill_is_not_a_job_line():
+    for text in ("see [1] killed by default", "the [3] process was killed", "[12] done python x.py"):
+        assert state_of(f"starting\n{text}\n")["failure"] is None, text
+
+
+BAR_TO_2_OF_4 = ("Loading checkpoint shards:  25%|##5       | 1/4 [00:05<00:15,  5.00s/it]\r"
+                 "Loading checkpoint shards:  50%|#####     | 2/4 [00:10<00:10,  5.00s/it]")
+
+
+@pytest.mark.parametrize("pause", ["Press any key to continue . . .", "请按任意键继续. . ."])
+@pytest.mark.parametrize("glued", [True, False])
+def test_a_wrappers_pause_prompt_after_a_bar_left_part_way_is_a_silent_death(pause, glued):
+    log = BAR_TO_2_OF_4 + ("" if glued else "\n") + pause + "\n"
+    s = state_of(log)
+    assert s["state"] == "failed" and s["failure"]["reason"] == "lost"
+    assert "2/4 of 'Loading checkpoint shards'" in s["failure"]["message"] and pause in s["failure"]["message"]
+    assert (s["progress"]["n"], s["progress"]["total"]) == (2, 4)
+
+
+def test_a_wrappers_pause_prompt_after_the_work_is_done_or_a_named_failure_changes_nothing():
+    done = BAR_TO_2_OF_4 + "\rLoading checkpoint shards: 100%|##########| 4/4 [00:20<00:00,  5.00s/it]\n"
+    assert state_of(done + "Press any key to continue . . .\n")["failure"] is None
+    oom = BAR_TO_2_OF_4 + "\ntorch.OutOfMemoryError: CUDA out of memory.\nPress any key to continue . . .\n"
+    assert state_of(oom)["failure"]["reason"] == "cuda_oom"
+    # a bar that starts after the prompt (the wrapper ran the program again) is not the one that died
+    again = "Press any key to continue . . .\n" + BAR_TO_2_OF_4 + "\n"
+    assert state_of(again)["failure"] is None

@@ -8,6 +8,7 @@ import pytest
 from tqdm import tqdm
 
 from eaglelab.host.parse.progress import parse_progress, parse_time
+from eaglelab.host.tail.whole import parse_bytes
 
 
 def frames_of(**kw) -> list[str]:
@@ -200,3 +201,12 @@ def test_process_prefixes(line, prefix, message):
 
     s = split_prefix(line)
     assert (s.prefix, s.message) == (prefix, message)
+
+
+def test_frames_written_out_by_cat_v_are_frames():
+    # A README's output block pasted from `cat -v`: each carriage return is the two characters `^M`.
+    frames = "".join(f"^MLoading checkpoint shards: {100 * n // 15:3d}%|#         | {n}/15 [00:{5 * n:02d}<00:30,  5.00s/it]"
+                     for n in range(0, 16))
+    p = parse_bytes(("CUDA SETUP: Loading binary\n" + frames + "\nTexts processed: 3\n").encode())["progress"]
+    assert (p["label"], p["n"], p["total"], p["elapsed_s"]) == ("Loading checkpoint shards", 15, 15, 75.0)
+    assert [n for _, n in p["history"]][-3:] == [13, 14, 15]  # every frame read, not only the last

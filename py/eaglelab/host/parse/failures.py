@@ -39,10 +39,13 @@ _REASONS: list[tuple[str, re.Pattern[str]]] = [
         r"|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|CUDA driver error")),
     ("host_oom_killed", re.compile(
         r"^Killed\s*$|\bline \d+:\s+\d+ Killed\b|Killed process \d+|Out of memory: Kill|oom-kill|oom_kill"
+        # an interactive shell's job line for its child (bash `[1]+  Killed   python x.py`, zsh
+        # `[1]    26478 killed     python x.py`, `zsh: killed     python x.py`), often glued to a frame
+        r"|^\[\d+\]\s*[+-]?\s+(?:\d+\s+)?[Kk]illed\s+\S|^zsh: killed\s"
         r"|exitcode\s*: -9\b|Signal 9 \(SIGKILL\)|Signals\.SIGKILL|signal SIGKILL|died with signal 9|got signal: 9\b")),
     # A crash by SIGSEGV (the shell's `Segmentation fault`, torchrun's `exitcode: -11`, `Signal 11 (SIGSEGV)`)
     ("segfault", re.compile(
-        r"Segmentation fault|SIGSEGV|exitcode\s*: -11\b|Signal 11\b|got signal: 11\b|died with signal 11\b")),
+        r"Segmentation fault|^zsh: segmentation fault\b|^\[\d+\]\s*[+-]?\s+(?:\d+\s+)?segmentation fault\s|SIGSEGV|exitcode\s*: -11\b|Signal 11\b|got signal: 11\b|died with signal 11\b")),
     # Death by another signal: torchrun's `SignalException: Process 9 got signal: 15`, its summary's
     # `exitcode: -15` / `Signal 15 (SIGTERM) received by PID`: not a Python exception of the stage's own.
     ("signal", re.compile(
@@ -71,6 +74,9 @@ _GATE = re.compile(
     r"|undefined symbol|shared object|No module|Timeout|timed out|Deadline|fault|dumped|Fatal|Bus|Floating|Illegal"
     r"|jobwrap|Aborted|Traceback|Interrupt|Exit|terminate|assert|Assertion|CUDA|File \"|TIME LIMIT|time limit|SIGSEGV"
     r"|SIGTERM|got signal|death signal")
+# A wrapper script's prompt once its program has exited (a Windows `.bat`'s `pause`): not a reason
+# itself, the state machine reads it as the program's end (LogState._died_before_the_pause).
+WRAPPER_PAUSE = ("Press any key to continue", "请按任意键继续")
 # Logged at INFO or WARNING, still the end of the process when nothing follows: the process says
 # it was told to stop (`Received SIGTERM`, torchrun's `Received Signals.SIGTERM death signal`,
 # vLLM's `trigger received signal=SIGTERM`). A run that goes on afterwards survives it, like any

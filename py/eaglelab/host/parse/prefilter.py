@@ -52,6 +52,8 @@ _TRIGGERS = [
     *(_w(w) for w in training.GATE),                          # training plans (HF's banner, the train stage's)
     "(?:" + "|".join(map(_w, _METRIC_KEYS)) + r")[^\s,=]*=|lr=",  # a metric key (speculators._METRIC_KEY_RE)
     *(_w(w) for w in _FAILURE_WORDS),                         # any failure reason or traceback line (failures._GATE)
+    *(_w(w) for w in failures.WRAPPER_PAUSE),                 # a wrapper's pause prompt: its program has exited
+    re.escape("^M"),                                          # frames written out by `cat -v`
     r"\[a+(?::| aay)|\[\?|%\|",                                # a bar's `[elapsed` (`[1 day, `), Rich's `[hh:mm:ss]` (date-less: the clock needs it), a frame cut at the width
     r"\x1b|[\x00-\x08\x0b-\x1f\x7f]|\[a{1,3}(?:;a{1,3})*m",     # colour codes, their remnants, control bytes
     r"aaaa-aa-aa[ T]aa:aa:aa(?:[.,]a+)?(?:Z|[+-]aa:?aa)?(?: - | \| | \[)",  # a full-date header (sets the clock's year)

@@ -7,6 +7,7 @@ the JSON and README "Watching logs" for the rules in words.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from eaglelab.figures import seconds
@@ -17,7 +18,7 @@ from . import markers, prefilter, speculators, training, vllm
 from .ansi import strip_ansi
 from .bars import BarBook, BarTrack, line_timestamp
 from .events import END, FAILURE, METRIC, PHASE_END, PHASE_START, READY, STALL_HINT, TRAIN_PLAN, TRAIN_STEP, Event
-from .failures import GENERIC, ROOT_CAUSES, Candidate, FailureRecognizer
+from .failures import GENERIC, ROOT_CAUSES, WRAPPER_PAUSE, Candidate, FailureRecognizer
 from .prefixes import follower, split_prefix
 from .progress import nested_position, parse_bar, parse_cut_frames, split_glued
 from .records import LogClock, parse_record
@@ -36,6 +37,12 @@ _MOVING = frozenset((METRIC, PHASE_START, PHASE_END, READY, TRAIN_STEP))
 # ... except the shutdown: a server that shuts down after an error line (vLLM's `EngineDeadError`,
 # then uvicorn's `Shutting down`) did not survive it, its shutdown follows from it.
 _WINDING_DOWN = "shutdown"
+# A wrapper script's prompt once its program has exited (a Windows `.bat`'s `pause`, in English or
+# Chinese): after a bar left part way and no failure line, the program died without a word.
+_WRAPPER_PAUSE_RE = re.compile("|".join(map(re.escape, WRAPPER_PAUSE)))
+# `cat -v` writes a carriage return as the two characters `^M`: a log pasted that way (a README's
+# output block) still holds a bar's frames, one after another on one line.
+_CARET_CR = "^M"
 
 
 # (observations, total, label, tqdm's printed remaining) -> (eta_s, eta_low_s, eta_high_s): the
@@ -83,6 +90,7 @@ class LogState:
         self.last_line = ""       # the last non-blank line: what a failure without a named reason shows
         self.last_line_no: int | None = None
         self._ended = False
+        self._wrapper_pause: tuple[int, str] | None = None  # (line, prefix) of a wrapper's pause prompt
         self.shapes = prefilter.Shapes()  # line shapes seen, and whether they can matter
 
 
@@ -124,6 +132,13 @@ class LogState:
     def _feed(self, text: str, lineno: int, now: float | None) -> None:
         if not text:
             return
+        if _CARET_CR in text:  # frames written out by `cat -v`: each is read as the frame it was
+            *frames, text = text.split(_CARET_CR)
+            for frame in frames:
+                self.frames += 1
+                self._feed(frame, lineno, now)
+            if not text:
+                return
         split = split_prefix(strip_ansi(text))
         prefix, msg = split.prefix, split.message
         if msg and not msg.isspace():
@@ -172,6 +187,9 @@ class LogState:
         cand = self._failures.feed(prefix, rec.level, rec.message, lineno)
         if cand is not None:
             self._add_candidate(cand, now)
+        elif "key" in msg or "键" in msg:
+            if _WRAPPER_PAUSE_RE.search(msg):
+                self._wrapper_pause = (lineno, prefix)
 
     def _on_bar(self, p, lineno: int, now: float | None, text: str = "") -> None:
         p.position = nested_position(text)
@@ -311,6 +329,21 @@ class LogState:
         self._ended = True
         for cand in self._failures.open_tracebacks():
             self._add_candidate(cand, None)
+        self._died_before_the_pause()
+
+    def _died_before_the_pause(self) -> None:
+        """A wrapper's pause prompt after a bar left part way, with no failure line and no end: the
+        program exited (the wrapper went on to `pause`) in the middle of the bar, a silent death."""
+        if self._wrapper_pause is None or self.candidates or self.done_line is not None:
+            return
+        cur = self.bars.current
+        if cur is None or cur.finished or cur.latest.total is None or cur.last_line > self._wrapper_pause[0]:
+            return
+        lineno, prefix = self._wrapper_pause
+        n, total = cur.latest.n, cur.latest.total
+        self._add_candidate(Candidate(
+            "lost", f"the program exited at {n:g}/{total:g} of {cur.label or 'its bar'!r} with no error line "
+                    f"(its wrapper's pause prompt follows); last line: {self.last_line}", lineno, prefix, True), None)
 
     def failure(self) -> Candidate | None:
         """The root cause among the failure lines not survived: the first with a named cause (cuda_oom,
