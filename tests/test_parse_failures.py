@@ -40,6 +40,9 @@ def state_of(text: str) -> dict:
     ("Segmentation fault (core dumped)", "segfault"),
     ("Aborted (core dumped)", "other"),
     ("slurmstepd: error: *** JOB 1234567 ON gpu-a12 CANCELLED AT 2025-03-01T12:00:03 DUE TO TIME LIMIT ***", "time_limit"),
+    ("[2026-01-29T04:03:03.675] error: *** JOB 23859577 ON gpu-110 CANCELLED AT 2026-01-29T04:03:03 DUE to SIGNAL Terminated ***", "signal"),
+    ("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2025-03-01T12:00:03 ***", "killed"),  # scancel
+    ("slurmstepd: error: *** STEP 42.0 ON n1 CANCELLED AT 2025-03-01T12:00:03 DUE TO PREEMPTION ***", "killed"),
     ("/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1289: indexSelectLargeIndex: block: [194,0,0], thread: [96,0,0] "
      "Assertion `srcIndex < srcSelectDimSize` failed.", "cuda_assert"),
     ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 2118 got signal: 15", "signal"),

@@ -50,7 +50,10 @@ _REASONS: list[tuple[str, re.Pattern[str]]] = [
     # `exitcode: -15` / `Signal 15 (SIGTERM) received by PID`: not a Python exception of the stage's own.
     ("signal", re.compile(
         r"\bSignalException\b|got signal: \d+|exitcode\s*: -(?:1|2|3|6|7|8|10|13|14|15)\b"
-        r"|Signal (?:1|2|3|6|7|10|13|14|15) \(SIG\w+\) received|died with signal \d+")),
+        r"|Signal (?:1|2|3|6|7|10|13|14|15) \(SIG\w+\) received|died with signal \d+"
+        r"|CANCELLED AT \S+ (?i:due to signal)")),  # Slurm's `*** JOB 42 ON n1 CANCELLED AT ... DUE to SIGNAL Terminated ***`
+    # Slurm cancelled the job: `scancel` (`*** JOB 42 ON n1 CANCELLED AT 2025-03-01T12:00:03 ***`), or preempted it
+    ("killed", re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO PREEMPTION)? \*\*\*")),
     ("import_error", re.compile(
         r"\b(?:ImportError|ModuleNotFoundError)\b|undefined symbol|cannot open shared object file|No module named")),
     ("timeout", re.compile(r"\bTimeoutError\b|\b(?:Read|Connect|Pool)Timeout\b|TimeoutExpired|DeadlineExceeded|timed out")),
@@ -73,7 +76,7 @@ _GATE = re.compile(
     r"Error|error|Exception|Memory|memory|space|Errno|Full|quota|NCCL|nccl|Killed|Kill|kill|exitcode|SIGKILL|Signal"
     r"|undefined symbol|shared object|No module|Timeout|timed out|Deadline|fault|dumped|Fatal|Bus|Floating|Illegal"
     r"|jobwrap|Aborted|Traceback|Interrupt|Exit|terminate|assert|Assertion|CUDA|File \"|TIME LIMIT|time limit|SIGSEGV"
-    r"|SIGTERM|got signal|death signal")
+    r"|SIGTERM|got signal|death signal|CANCELLED")
 # A wrapper script's prompt once its program has exited (a Windows `.bat`'s `pause`): not a reason
 # itself, the state machine reads it as the program's end (LogState._died_before_the_pause).
 WRAPPER_PAUSE = ("Press any key to continue", "请按任意键继续")
