@@ -114,7 +114,7 @@ bench-holdout: setup  ## the honest evaluation: parser and ETA on held-out publi
 
 .PHONY: bench-eta
 bench-eta: setup  ## ETA accuracy per class on the held-out split, beside tqdm, EMA, recent slope, mean rate, history prior (bench/RESULTS.md)
-	$(VENV)/bin/python bench/bench_eta.py
+	$(VENV)/bin/python bench/bench_eta.py --apart bench/corpus/ELEVENTH.txt
 
 .PHONY: bench-parse
 bench-parse: setup  ## parser throughput vs grep -c, memory as the log grows, live latency (bench/RESULTS.md)

@@ -1,7 +1,7 @@
 """Bar ETA accuracy on the log corpus, ours beside every simple rule, per class, held-out split.
 
-    .venv/bin/python bench/bench_eta.py [--split holdout|tuning|all] [--per-bar] [--synthetic]
-    (make bench-eta)
+    .venv/bin/python bench/bench_eta.py [--split holdout|tuning|all] [--per-bar] [--synthetic] [--apart LIST]
+    (make bench-eta: the held-out part, and the eleventh round's new logs of it apart)
 
 Corpus: every log in bench/corpus/SPLIT.tsv (bench/corpus/{public,real,recorded} and the parser's
 fixture logs, tests/fixtures/logs; sources in bench/corpus/SOURCES.md, LABELS.tsv and
@@ -239,8 +239,10 @@ def build_priors(logs) -> PriorTable:
         if split != "tuning":
             continue
         text = (ROOT / path).read_bytes().decode("utf-8", errors="replace")
-        for (key, _inst), rows in _bars(text).items():
-            rate = bar_rate(rows)
+        bars = _bars(text)
+        mixed = interleaved_keys(bars)
+        for (key, _inst), rows in bars.items():
+            rate = bar_rate(rows) if key not in mixed else None
             if rate:
                 table.add(path, key[1], rate)
     return table
@@ -254,13 +256,38 @@ def scored_bars(text: str) -> tuple[dict, dict]:
     return _bars(text, horizons=last), {k: rows[-1].total for k, rows in first.items()}
 
 
+# Concurrent processes that draw bars of one label into one stream with no prefix (eight GPUs' jobs
+# in one nohup file, three eval bars sharing a terminal) are read as one bar restarting at every
+# switch: its "runs" start part way, with time already on their clock, which a real restart (an
+# epoch, a retry, a resume from a checkpoint: elapsed 0) never does. Scoring those fragments would
+# score the mix-up, not an estimate: a bar key with this many such starts is left out, and counted.
+INTERLEAVED_STARTS = 10
+INTERLEAVED: list[str] = []  # "path: label (N runs)" for each key left out, for the report
+
+
+def interleaved_keys(bars: dict) -> dict:
+    """{key: runs} of the bar keys that look like concurrent bars interleaved (INTERLEAVED_STARTS)."""
+    starts: dict = {}
+    runs: dict = {}
+    for (key, _inst), rows in bars.items():
+        runs[key] = runs.get(key, 0) + 1
+        first = next((r for r in rows if r.elapsed_s is not None), None)
+        if first is not None and first.n > 0 and first.elapsed_s > 0:
+            starts[key] = starts.get(key, 0) + 1
+    return {k: runs[k] for k, c in starts.items() if c >= INTERLEAVED_STARTS}
+
+
 def score_text(name: str, split: str, text: str, table: PriorTable | None) -> tuple[list[BarScore], int]:
     bars, real_totals = scored_bars(text)
     out, unscored = [], 0
+    mixed = interleaved_keys(bars)
+    INTERLEAVED.extend(f"{name}: {k[1] or '(bar)'} ({n} runs)" for k, n in mixed.items())
     # The estimator gets the history it would have here: the same bar's earlier run in this log
     # (replay does that itself). Other logs' bars of the same label are a different model, host
     # and disk: they make the prior baseline, not our input.
     for (key, inst), rows in bars.items():
+        if key in mixed:
+            continue
         fallback = table.lookup(name, key[1]) or table.fallback(name) if table else None
         s = score_bar(f"{name}:{key[1] or '(bar)'}#{inst}", split, rows, fallback, real_totals.get((key, inst)))
         if s is None:
@@ -385,7 +412,7 @@ def report_all(title: str, scores: list[BarScore]) -> dict:
 
 
 def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
-        paths: list[str] | None = None) -> dict:
+        paths: list[str] | None = None, apart: Path | None = None) -> dict:
     logs = load_split()
     table = build_priors(logs)
     scores: list[BarScore] = []
@@ -400,7 +427,15 @@ def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
     n_logs = sum(1 for _p, _s, sp in logs if split == "all" or sp == split)
     print(f"split {split}: {n_logs} logs, {len(scores)} bars scored ({unscored} bars with no frame 2 s or more "
           f"before their last count)")
+    if INTERLEAVED:
+        print(f"  left out, concurrent bars interleaved in one stream (a key restarting part way "
+              f"{INTERLEAVED_STARTS}+ times): " + "; ".join(INTERLEAVED))
     out = report_all(f"[{split}] median over bars of the median relative error; ours' ratio to each", scores)
+    if apart is not None:  # e.g. the logs new in a round: the only figures on bars nobody here had scored
+        listed = {ln.strip() for ln in apart.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+        sub = [s for s in scores if s.name.split(":", 1)[0] in listed]
+        n_apart = sum(1 for p, _s, sp in logs if p in listed and (split == "all" or sp == split))
+        out["apart"] = report_all(f"[{split}, apart: the {n_apart} logs of {apart.name}] the same figures", sub)
     if per_bar:
         for s in scores:
             print(f"    {s.cls:14s} {'C' if s.complete else ' '} {s.name[-80:]:80s} n={s.obs:4d} "
@@ -419,8 +454,11 @@ def main() -> None:
     ap.add_argument("--split", choices=["holdout", "tuning", "all"], default="holdout")
     ap.add_argument("--per-bar", action="store_true", help="print every bar's figures")
     ap.add_argument("--synthetic", action="store_true", help="also the synthetic scenarios (reported apart)")
+    ap.add_argument("--apart", type=Path, metavar="LIST",
+                    help="also report the logs listed in LIST apart (one path a line; bench/corpus/ELEVENTH.txt: "
+                         "the eleventh round's new logs)")
     args = ap.parse_args()
-    run(args.split, args.synthetic, args.per_bar)
+    run(args.split, args.synthetic, args.per_bar, apart=args.apart)
 
 
 if __name__ == "__main__":
