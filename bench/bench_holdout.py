@@ -43,6 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
+from bench_eta import interleaved_keys
+
 from eaglelab.eta.replay import replay
 from eaglelab.host.tail.whole import parse_file
 
@@ -212,7 +214,10 @@ def score_eta(labels: list[Label]) -> tuple[list[BarScore], int]:
         bars: dict = {}
         for row in replay(lines, horizons=last):
             bars.setdefault((row.key, row.instance), []).append(row)
+        mixed = interleaved_keys(bars)  # concurrent bars read as one, restarting: bench_eta leaves them out too
         for (key, inst), rows in bars.items():
+            if key in mixed:
+                continue
             s = score_bar(f"{lab.path}:{key[1] or '(bar)'}#{inst}", rows)
             if s is None:
                 excerpts += 1

@@ -682,3 +682,23 @@ def test_the_tick_is_the_median_of_the_time_left_as_the_log_reads_it():
         hits["exact"] += R == truth
     assert hits["tick"] > 0.7 * 4000 and hits["tick"] > max(hits["floor"], hits["ceil"]) * 1.3, hits
     assert on_the_tick(2.4, 2.3, 2.8) == (2.0, 2.0, 3.0)  # a range [2.3, 2.8] holds no whole second
+
+
+def test_a_second_pass_a_hundred_times_faster_takes_its_own_printed_rate():
+    # a 10,000-item bar at 10 items a second (1000 s), then the same bar again over cached data at
+    # 2000 items a second: the previous run's pace says ~600 s at 4000/10000, the truth is 3 s (tuning
+    # log capstone-tabgen-preprocess-30148-excerpt.log: 28 min, then the same bar in 4 s, 127x off)
+    def frames(rate: float, step: int) -> list[str]:
+        out = []
+        for i in range(0, 10001, step):
+            e, left = int(i / rate), int((10000 - i) / rate)
+            out.append(f"Preprocess: {i // 100:3d}%|#####     | {i}/10000 [{e // 60:02d}:{e % 60:02d}<"
+                       f"{left // 60:02d}:{left % 60:02d}, {rate:.2f}it/s]")
+        return out
+    rows = [r for r in replay(frames(10.0, 500) + frames(2000.0, 2000)) if r.instance == 1]
+    at = next(r for r in rows if r.n == 4000)
+    assert at.elapsed_s == 2.0
+    assert at.eta_s is not None and at.eta_s <= 4.0, at
+    # a second pass at the first one's pace still leans on it (the rule is for another regime)
+    same = [r for r in replay(frames(10.0, 500) + frames(10.0, 500)) if r.instance == 1]
+    assert next(r for r in same if r.n == 4000).eta_s == pytest.approx(600.0, rel=0.2)

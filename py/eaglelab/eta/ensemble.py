@@ -96,6 +96,10 @@ RUN_SCALE_CLIP = 3.0
 # at most RUN_TIE x theirs: it explains this run's past as well), it makes the estimate alone; where
 # it is clearly worse (this run goes otherwise), it is weighed like the others.
 RUN_TIE = 1.5
+# A young bar whose own printed rate is this many times off its previous run's (a second pass over
+# cached data: a 28-minute bar, then the same bar in 4 s) is not on that run's pace: it takes its
+# printed rate, not a blend with the prior (which said 28 minutes where 3 s were left).
+PRIOR_DISAGREE = 100.0
 # After a change in the rate the range widens: the rate of the second half of the items seen (since
 # the fit's latest regime began, if any) against the first half's, |log(ratio)| beyond DRIFT_MIN (a x1.22 change: the bench's "rate change" class
 # starts at x1.25), times DRIFT_RANGE, is added to both sides (log scale). The items ahead may move as
@@ -358,6 +362,10 @@ def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low:
             p_items = now_items["run"] if "run" in now_items else prior_s_per_item * remaining
             if fit_items_s is None:
                 return p_items, p_items / 3.0, p_items * 3.0, {"prior": 1.0}
+            # (against the previous run's own rate: "run" is already scaled by this run's pace, clipped)
+            ref = prior_s_per_item * remaining if prior_s_per_item and prior_s_per_item > 0 else p_items
+            if young and abs(math.log(fit_items_s / max(ref, 1e-12))) > math.log(PRIOR_DISAGREE):
+                return fit_items_s, fit_low, fit_high, young
             wf = max(len(c.n) - 1, 0) / (max(len(c.n) - 1, 0) + PRIOR_PAIRS)
             lp = wf * math.log(fit_items_s) + (1 - wf) * math.log(p_items)
             lo = min(fit_low or fit_items_s, p_items / 2.0)
