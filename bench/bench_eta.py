@@ -53,7 +53,9 @@ import csv
 import io
 import itertools
 import math
+import multiprocessing
 import operator
+import os
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -233,18 +235,21 @@ def _bars(text: str, horizons=None, priors=None) -> dict:
     return out
 
 
-def build_priors(logs) -> PriorTable:
+def _bar_rates(path: str) -> list[tuple[str, float]]:
+    """(label, mean s/item) of each bar of one log (interleaved concurrent bars left out)."""
+    text = (ROOT / path).read_bytes().decode("utf-8", errors="replace")
+    bars = _bars(text)
+    mixed = interleaved_keys(bars)
+    rates = ((key[1], bar_rate(rows) if key not in mixed else None) for (key, _inst), rows in bars.items())
+    return [(label, rate) for label, rate in rates if rate]
+
+
+def build_priors(logs, pool=None) -> PriorTable:
     table = PriorTable()
-    for path, _src, split in logs:
-        if split != "tuning":
-            continue
-        text = (ROOT / path).read_bytes().decode("utf-8", errors="replace")
-        bars = _bars(text)
-        mixed = interleaved_keys(bars)
-        for (key, _inst), rows in bars.items():
-            rate = bar_rate(rows) if key not in mixed else None
-            if rate:
-                table.add(path, key[1], rate)
+    paths = [path for path, _src, split in logs if split == "tuning"]
+    for path, rates in zip(paths, (pool.map if pool else map)(_bar_rates, paths)):
+        for label, rate in rates:
+            table.add(path, label, rate)
     return table
 
 
@@ -411,19 +416,35 @@ def report_all(title: str, scores: list[BarScore]) -> dict:
     return out
 
 
+def _score_log(job) -> tuple[list[BarScore], int, list[str]]:
+    """score_text on one log, for a worker process: with the interleaved keys it left out."""
+    path, sp, table = job
+    before = len(INTERLEAVED)
+    text = (ROOT / path).read_bytes().decode("utf-8", errors="replace")
+    got, un = score_text(path, sp, text, table)
+    return got, un, INTERLEAVED[before:]
+
+
 def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
-        paths: list[str] | None = None, apart: Path | None = None) -> dict:
+        paths: list[str] | None = None, apart: Path | None = None, jobs: int = 1) -> dict:
     logs = load_split()
-    table = build_priors(logs)
-    scores: list[BarScore] = []
-    unscored = 0
-    for path, _src, sp in logs:
-        if (split != "all" and sp != split) or (paths is not None and path not in paths):
-            continue
-        text = (ROOT / path).read_bytes().decode("utf-8", errors="replace")
-        got, un = score_text(path, sp, text, table)
-        scores += got
-        unscored += un
+    # every log is replayed on its own: worker processes give the same figures, in the same order
+    pool = multiprocessing.Pool(jobs) if jobs > 1 else None
+    try:
+        table = build_priors(logs, pool)
+        todo = [(path, sp, table) for path, _src, sp in logs
+                if (split == "all" or sp == split) and (paths is None or path in paths)]
+        results = (pool.imap if pool else map)(_score_log, todo)
+        scores: list[BarScore] = []
+        unscored = 0
+        for got, un, mixed in results:
+            scores += got
+            unscored += un
+            if pool:
+                INTERLEAVED.extend(mixed)
+    finally:
+        if pool:
+            pool.close()
     n_logs = sum(1 for _p, _s, sp in logs if split == "all" or sp == split)
     print(f"split {split}: {n_logs} logs, {len(scores)} bars scored ({unscored} bars with no frame 2 s or more "
           f"before their last count)")
@@ -457,8 +478,10 @@ def main() -> None:
     ap.add_argument("--apart", type=Path, metavar="LIST",
                     help="also report the logs listed in LIST apart (one path a line; bench/corpus/ELEVENTH.txt: "
                          "the eleventh round's new logs)")
+    ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
+                    help="worker processes (each log is replayed on its own; the figures do not depend on it)")
     args = ap.parse_args()
-    run(args.split, args.synthetic, args.per_bar, apart=args.apart)
+    run(args.split, args.synthetic, args.per_bar, apart=args.apart, jobs=args.jobs)
 
 
 if __name__ == "__main__":
