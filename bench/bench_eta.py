@@ -267,7 +267,6 @@ def scored_bars(text: str) -> tuple[dict, dict]:
 # epoch, a retry, a resume from a checkpoint: elapsed 0) never does. Scoring those fragments would
 # score the mix-up, not an estimate: a bar key with this many such starts is left out, and counted.
 INTERLEAVED_STARTS = 10
-INTERLEAVED: list[str] = []  # "path: label (N runs)" for each key left out, for the report
 
 
 def interleaved_keys(bars: dict) -> dict:
@@ -282,11 +281,13 @@ def interleaved_keys(bars: dict) -> dict:
     return {k: runs[k] for k, c in starts.items() if c >= INTERLEAVED_STARTS}
 
 
-def score_text(name: str, split: str, text: str, table: PriorTable | None) -> tuple[list[BarScore], int]:
+def score_text(name: str, split: str, text: str,
+               table: PriorTable | None) -> tuple[list[BarScore], int, list[str]]:
+    """(the log's scored bars, how many bars had nothing to score, "path: label (N runs)" of each
+    interleaved key left out)."""
     bars, real_totals = scored_bars(text)
     out, unscored = [], 0
     mixed = interleaved_keys(bars)
-    INTERLEAVED.extend(f"{name}: {k[1] or '(bar)'} ({n} runs)" for k, n in mixed.items())
     # The estimator gets the history it would have here: the same bar's earlier run in this log
     # (replay does that itself). Other logs' bars of the same label are a different model, host
     # and disk: they make the prior baseline, not our input.
@@ -299,7 +300,7 @@ def score_text(name: str, split: str, text: str, table: PriorTable | None) -> tu
             unscored += 1
         else:
             out.append(s)
-    return out, unscored
+    return out, unscored, [f"{name}: {k[1] or '(bar)'} ({n} runs)" for k, n in mixed.items()]
 
 
 # --- synthetic scenarios: per-item times, printed by tqdm itself on a simulated clock ----------
@@ -417,12 +418,9 @@ def report_all(title: str, scores: list[BarScore]) -> dict:
 
 
 def _score_log(job) -> tuple[list[BarScore], int, list[str]]:
-    """score_text on one log, for a worker process: with the interleaved keys it left out."""
+    """score_text on one log (a worker process's job)."""
     path, sp, table = job
-    before = len(INTERLEAVED)
-    text = (ROOT / path).read_bytes().decode("utf-8", errors="replace")
-    got, un = score_text(path, sp, text, table)
-    return got, un, INTERLEAVED[before:]
+    return score_text(path, sp, (ROOT / path).read_bytes().decode("utf-8", errors="replace"), table)
 
 
 def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
@@ -437,20 +435,20 @@ def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
         results = (pool.imap if pool else map)(_score_log, todo)
         scores: list[BarScore] = []
         unscored = 0
+        left_out: list[str] = []
         for got, un, mixed in results:
             scores += got
             unscored += un
-            if pool:
-                INTERLEAVED.extend(mixed)
+            left_out += mixed
     finally:
         if pool:
             pool.close()
     n_logs = sum(1 for _p, _s, sp in logs if split == "all" or sp == split)
     print(f"split {split}: {n_logs} logs, {len(scores)} bars scored ({unscored} bars with no frame 2 s or more "
           f"before their last count)")
-    if INTERLEAVED:
+    if left_out:
         print(f"  left out, concurrent bars interleaved in one stream (a key restarting part way "
-              f"{INTERLEAVED_STARTS}+ times): " + "; ".join(INTERLEAVED))
+              f"{INTERLEAVED_STARTS}+ times): " + "; ".join(left_out))
     out = report_all(f"[{split}] median over bars of the median relative error; ours' ratio to each", scores)
     if apart is not None:  # e.g. the logs new in a round: the only figures on bars nobody here had scored
         listed = {ln.strip() for ln in apart.read_text().splitlines() if ln.strip() and not ln.startswith("#")}

@@ -14,6 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# An interactive shell's job line for its child, up to the word that says how it ended: bash
+# `[1]+  Killed   python x.py`, zsh `[1]    26478 killed     python x.py` (often glued to a frame).
+_JOB = r"^\[\d+\]\s*[+-]?\s+(?:\d+\s+)?"
 # Most specific first: the first pattern that matches names the reason.
 _REASONS: list[tuple[str, re.Pattern[str]]] = [
     # A device-side assert first: it surfaces inside NCCL errors and C++ aborts that would name
@@ -39,13 +42,11 @@ _REASONS: list[tuple[str, re.Pattern[str]]] = [
         r"|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|CUDA driver error")),
     ("host_oom_killed", re.compile(
         r"^Killed\s*$|\bline \d+:\s+\d+ Killed\b|Killed process \d+|Out of memory: Kill|oom-kill|oom_kill"
-        # an interactive shell's job line for its child (bash `[1]+  Killed   python x.py`, zsh
-        # `[1]    26478 killed     python x.py`, `zsh: killed     python x.py`), often glued to a frame
-        r"|^\[\d+\]\s*[+-]?\s+(?:\d+\s+)?[Kk]illed\s+\S|^zsh: killed\s"
+        rf"|{_JOB}[Kk]illed\s+\S|^zsh: killed\s"  # a shell's job line (_JOB), zsh's own
         r"|exitcode\s*: -9\b|Signal 9 \(SIGKILL\)|Signals\.SIGKILL|signal SIGKILL|died with signal 9|got signal: 9\b")),
     # A crash by SIGSEGV (the shell's `Segmentation fault`, torchrun's `exitcode: -11`, `Signal 11 (SIGSEGV)`)
     ("segfault", re.compile(
-        r"Segmentation fault|^zsh: segmentation fault\b|^\[\d+\]\s*[+-]?\s+(?:\d+\s+)?segmentation fault\s|SIGSEGV|exitcode\s*: -11\b|Signal 11\b|got signal: 11\b|died with signal 11\b")),
+        rf"Segmentation fault|^zsh: segmentation fault\b|{_JOB}segmentation fault\s|SIGSEGV|exitcode\s*: -11\b|Signal 11\b|got signal: 11\b|died with signal 11\b")),
     # Death by another signal: torchrun's `SignalException: Process 9 got signal: 15`, its summary's
     # `exitcode: -15` / `Signal 15 (SIGTERM) received by PID`: not a Python exception of the stage's own.
     ("signal", re.compile(

@@ -187,9 +187,8 @@ class LogState:
         cand = self._failures.feed(prefix, rec.level, rec.message, lineno)
         if cand is not None:
             self._add_candidate(cand, now)
-        elif "key" in msg or "键" in msg:
-            if _WRAPPER_PAUSE_RE.search(msg):
-                self._wrapper_pause = (lineno, prefix)
+        elif _WRAPPER_PAUSE_RE.search(msg):
+            self._wrapper_pause = (lineno, prefix)
 
     def _on_bar(self, p, lineno: int, now: float | None, text: str = "") -> None:
         p.position = nested_position(text)
