@@ -360,10 +360,15 @@ def combine(c: Candidates, remaining: float, fit_items_s: float | None, fit_low:
             young = {"printed": 1.0}
         if "run" in now_items or (prior_s_per_item and prior_s_per_item > 0):
             p_items = now_items["run"] if "run" in now_items else prior_s_per_item * remaining
-            if fit_items_s is None:
-                return p_items, p_items / 3.0, p_items * 3.0, {"prior": 1.0}
             # (against the previous run's own rate: "run" is already scaled by this run's pace, clipped)
             ref = prior_s_per_item * remaining if prior_s_per_item and prior_s_per_item > 0 else p_items
+            if fit_items_s is None:
+                # nothing fitted yet (the clock still reads 00:00): the printed rate still wins where
+                # it is a hundred times off the previous run's (a second pass over cached data)
+                printed = now_items.get("printed")
+                if printed and abs(math.log(printed / max(ref, 1e-12))) > math.log(PRIOR_DISAGREE):
+                    return printed, printed / 2.0, printed * 2.0, {"printed": 1.0}
+                return p_items, p_items / 3.0, p_items * 3.0, {"prior": 1.0}
             if young and abs(math.log(fit_items_s / max(ref, 1e-12))) > math.log(PRIOR_DISAGREE):
                 return fit_items_s, fit_low, fit_high, young
             wf = max(len(c.n) - 1, 0) / (max(len(c.n) - 1, 0) + PRIOR_PAIRS)
