@@ -24,7 +24,7 @@ from .estimator import TqdmEma, bar_eta
 @dataclass
 class ReplayRow:
     line: int  # 1-based line of the file the frame is on
-    key: tuple[str, str, int]  # (process prefix, label, nested position): one bar (the parser's bar book)
+    key: tuple[str, str, int]  # (process prefix, label, nested position): one bar (the parser's bar book; a concurrent lane's label reads `label [lane 2]`)
     instance: int  # how many times this key's bar restarted before (a new epoch, a rerun)
     label: str
     n: float

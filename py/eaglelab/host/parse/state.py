@@ -485,7 +485,7 @@ def _progress_json(t: BarTrack, bar_eta: BarEta) -> dict:
     p = t.latest
     eta_s, eta_low_s, eta_high_s = bar_eta(t.history, p.total, t.label, p.remaining_s, t.prior_s_per_item,
                                      prior_run=t.prior_run)
-    return {"label": p.label, "prefix": p.prefix or None, "n": p.n, "total": p.total, "unit": p.unit,
+    return {"label": t.label, "prefix": p.prefix or None, "n": p.n, "total": p.total, "unit": p.unit,
             "percent": p.percent, "rate_s_per_it": p.rate_s_per_it, "elapsed_s": p.elapsed_s,
             "eta_s": seconds(eta_s), "eta_low_s": seconds(eta_low_s), "eta_high_s": seconds(eta_high_s),
             "observed_at": _iso(t.updated_at), "tqdm_remaining_s": p.remaining_s, "postfix": p.postfix,
