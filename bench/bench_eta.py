@@ -43,7 +43,8 @@ Classes (read off the whole bar, for reporting only: the estimator never sees th
   no printed ETA  most frames print no remaining time (cut at the terminal width, step records)
   short         the rest
   complete      (overlapping) bars that reach their own total in the log
-Synthetic scenarios (tqdm's own output on a simulated clock) are reported apart (--synthetic).
+Synthetic scenarios (tqdm's own output on a simulated clock) are reported apart (--synthetic), and so
+are concurrent bars after the first of their key (the parser's lanes, `label [lane 2]`: LANE).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ import math
 import multiprocessing
 import operator
 import os
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -96,6 +98,7 @@ class BarScore:
     widths: list = field(default_factory=list)
     cls: str = "short"
     complete: bool = False
+    lane: bool = False  # a concurrent bar after the first of its key (the parser's `label [lane 2]`, ...)
 
     @property
     def obs(self) -> int:
@@ -267,6 +270,11 @@ def scored_bars(text: str) -> tuple[dict, dict]:
 # epoch, a retry, a resume from a checkpoint: elapsed 0) never does. Scoring those fragments would
 # score the mix-up, not an estimate: a bar key with this many such starts is left out, and counted.
 INTERLEAVED_STARTS = 10
+# The parser keeps such bars apart as lanes (eaglelab.host.parse.bars: the second one is `label [lane
+# 2]`). The first lane of a key is scored like any bar; the others are reported apart, not in the
+# headline: eight GPUs' copies of one bar in one file would otherwise count as eight bars, and the
+# headline stays comparable with the rounds before lanes.
+LANE = re.compile(r"\[lane \d+\]$")
 
 
 def interleaved_keys(bars: dict) -> dict:
@@ -299,6 +307,7 @@ def score_text(name: str, split: str, text: str,
         if s is None:
             unscored += 1
         else:
+            s.lane = bool(LANE.search(key[1]))
             out.append(s)
     return out, unscored, [f"{name}: {k[1] or '(bar)'} ({n} runs)" for k, n in mixed.items()]
 
@@ -449,14 +458,20 @@ def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
     if left_out:
         print(f"  left out, concurrent bars interleaved in one stream (a key restarting part way "
               f"{INTERLEAVED_STARTS}+ times): " + "; ".join(left_out))
+    lanes = [s for s in scores if s.lane]
+    scores = [s for s in scores if not s.lane]
     out = report_all(f"[{split}] median over bars of the median relative error; ours' ratio to each", scores)
+    if lanes:
+        n_lane_logs = len({s.name.split(":", 1)[0] for s in lanes})
+        out["lanes"] = report_all(f"[{split}, apart: concurrent bars after the first of their key, {len(lanes)} bars "
+                                  f"of {n_lane_logs} logs] the same figures", lanes)
     if apart is not None:  # e.g. the logs new in a round: the only figures on bars nobody here had scored
         listed = {ln.strip() for ln in apart.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
         sub = [s for s in scores if s.name.split(":", 1)[0] in listed]
         n_apart = sum(1 for p, _s, sp in logs if p in listed and (split == "all" or sp == split))
         out["apart"] = report_all(f"[{split}, apart: the {n_apart} logs of {apart.name}] the same figures", sub)
     if per_bar:
-        for s in scores:
+        for s in scores + lanes:
             print(f"    {s.cls:14s} {'C' if s.complete else ' '} {s.name[-80:]:80s} n={s.obs:4d} "
                   + " ".join(f"{m} {statistics.median(s.errs[m]):.3f}" for m in METHODS)
                   + f" cov {s.covered / s.obs:.0%}")

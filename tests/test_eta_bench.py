@@ -71,3 +71,17 @@ def test_the_ratio_to_a_rule_carries_a_bootstrap_interval_over_bars():
     lo, hi = bench_eta.ratio_interval(mixed, "tqdm")
     assert lo < 1 < hi, (lo, hi)
     assert all(math.isnan(x) for x in bench_eta.ratio_interval(mixed[:1], "tqdm"))  # one bar: no interval
+
+
+def test_concurrent_lanes_after_the_first_are_scored_apart():
+    # two processes' bars of one label in one stream: the parser keeps them apart as lanes; the
+    # bench scores the first like any bar and marks the second, which run() reports apart
+    from tqdm import tqdm
+
+    events = sorted((i * r, k, i) for k, r in enumerate((1.0, 1.7)) for i in range(201))
+    text = "\r".join(tqdm.format_meter(i, 200, int(t), prefix="eval", rate=(1.0 / (1.0, 1.7)[k]) if i else None)
+                     for t, k, i in events) + "\n"
+    scores = bench_eta.score_text("two-workers", "synthetic", text, None)[0]
+    assert sorted((s.name, s.lane) for s in scores) == [("two-workers:eval [lane 2]#0", True),
+                                                         ("two-workers:eval#0", False)]
+    assert all(statistics.median(s.errs["ours"]) < 0.1 for s in scores)  # each its own worker's pace
