@@ -708,3 +708,37 @@ def test_a_second_pass_a_hundred_times_faster_takes_its_own_printed_rate():
     # a second pass at the first one's pace still leans on it (the rule is for another regime)
     same = [r for r in replay(frames(10.0, 500) + frames(10.0, 500)) if r.instance == 1]
     assert next(r for r in same if r.n == 4000).eta_s == pytest.approx(600.0, rel=0.2)
+
+
+def test_the_range_widens_for_a_horizon_longer_than_the_backtest_saw():
+    # bars whose rate wanders (a log random walk, plus each item's own noise): early on, the backtest
+    # has only judged a few items ahead while thousands are left; its errors, carried to the horizon
+    # asked, cover the truth more often than the same errors taken as they are (ensemble.HORIZON_RANGE)
+    from tqdm import tqdm
+
+    import eaglelab.eta.ensemble as ensemble
+
+    def early_coverage() -> float:
+        hits = seen = 0
+        for seed in range(12):
+            rng = np.random.default_rng(seed)
+            n = 3000
+            per_item = 0.2 * np.exp(np.cumsum(rng.normal(0, 0.01, n // 10)).repeat(10)) * rng.lognormal(0, 0.2, n)
+            t = np.cumsum(per_item)
+            frames = [tqdm.format_meter(i, n, int(t[i - 1]) if i else 0) for i in range(0, n + 1, 10)]
+            for r in replay(["\r".join(frames)]):
+                if 100 <= r.n <= 1500 and r.n % 100 == 0:
+                    truth = int(t[-1]) - r.elapsed_s
+                    hits += r.eta_low_s <= truth <= r.eta_high_s
+                    seen += 1
+        return hits / seen
+
+    assert ensemble.HORIZON_RANGE > 0
+    widened = early_coverage()
+    saved = ensemble.HORIZON_RANGE
+    try:
+        ensemble.HORIZON_RANGE = 0.0
+        as_seen = early_coverage()
+    finally:
+        ensemble.HORIZON_RANGE = saved
+    assert widened > as_seen + 0.03, (widened, as_seen)
