@@ -44,7 +44,7 @@ Classes (read off the whole bar, for reporting only: the estimator never sees th
   short         the rest
   complete      (overlapping) bars that reach their own total in the log
 Synthetic scenarios (tqdm's own output on a simulated clock) are reported apart (--synthetic), and so
-are concurrent bars after the first of their key (the parser's lanes, `label [lane 2]`: LANE).
+are concurrent bars after the first of their key (the parser's lanes, `label [lane 2]`: ReplayRow.lane).
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ import math
 import multiprocessing
 import operator
 import os
-import re
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -270,11 +269,10 @@ def scored_bars(text: str) -> tuple[dict, dict]:
 # epoch, a retry, a resume from a checkpoint: elapsed 0) never does. Scoring those fragments would
 # score the mix-up, not an estimate: a bar key with this many such starts is left out, and counted.
 INTERLEAVED_STARTS = 10
-# The parser keeps such bars apart as lanes (eaglelab.host.parse.bars: the second one is `label [lane
-# 2]`). The first lane of a key is scored like any bar; the others are reported apart, not in the
-# headline: eight GPUs' copies of one bar in one file would otherwise count as eight bars, and the
-# headline stays comparable with the rounds before lanes.
-LANE = re.compile(r"\[lane \d+\]$")
+# The parser keeps such bars apart as lanes (eaglelab.host.parse.bars; ReplayRow.lane). The first lane
+# of a key is scored like any bar; the others are reported apart, not in the headline: eight GPUs'
+# copies of one bar in one file would otherwise count as eight bars, and the headline stays
+# comparable with the rounds before lanes.
 
 
 def interleaved_keys(bars: dict) -> dict:
@@ -307,7 +305,7 @@ def score_text(name: str, split: str, text: str,
         if s is None:
             unscored += 1
         else:
-            s.lane = bool(LANE.search(key[1]))
+            s.lane = rows[0].lane > 0
             out.append(s)
     return out, unscored, [f"{name}: {k[1] or '(bar)'} ({n} runs)" for k, n in mixed.items()]
 

@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from bench_eta import LANE, interleaved_keys
+from bench_eta import interleaved_keys
 
 from eaglelab.eta.replay import replay
 from eaglelab.host.tail.whole import parse_file
@@ -216,7 +216,7 @@ def score_eta(labels: list[Label]) -> tuple[list[BarScore], int]:
             bars.setdefault((row.key, row.instance), []).append(row)
         mixed = interleaved_keys(bars)  # concurrent bars read as one, restarting: bench_eta leaves them out too
         for (key, inst), rows in bars.items():
-            if key in mixed or LANE.search(key[1]):  # and a concurrent lane after the first, like bench_eta
+            if key in mixed or rows[0].lane:  # and a concurrent lane after the first, like bench_eta
                 continue
             s = score_bar(f"{lab.path}:{key[1] or '(bar)'}#{inst}", rows)
             if s is None:

@@ -24,7 +24,7 @@ from .estimator import TqdmEma, bar_eta
 @dataclass
 class ReplayRow:
     line: int  # 1-based line of the file the frame is on
-    key: tuple[str, str, int]  # (process prefix, label, nested position): one bar (the parser's bar book; a concurrent lane's label reads `label [lane 2]`)
+    key: tuple[str, str, int]  # (process prefix, label, nested position): one bar (the parser's bar book)
     instance: int  # how many times this key's bar restarted before (a new epoch, a rerun)
     label: str
     n: float
@@ -39,6 +39,7 @@ class ReplayRow:
     elapsed_clock: bool = True  # the clock is the bar's own elapsed (it started at 0 with n=0)
     resolution: float = 1.0  # of the clock
     prior_s_per_item: float | None = None  # the history prior the estimator was given
+    lane: int = 0  # which of the concurrent bars of one key drawn into one stream (0: the first; its label reads `label [lane 2]` from 1)
 
     def public(self) -> dict:
         """The fields `lab eta replay --json` prints (docs/interfaces.md, "## ETA")."""
@@ -95,7 +96,7 @@ def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str, int], int]
                               total=total, elapsed_s=elapsed, eta_s=eta, eta_low_s=low, eta_high_s=high,
                               tqdm_eta_s=tqdm_left, ema_eta_s=ema_eta, rate_s_per_it=p.rate_s_per_it,
                               elapsed_clock=use_elapsed, resolution=1.0 if use_elapsed else 1e-3,
-                              prior_s_per_item=prior))
+                              prior_s_per_item=prior, lane=track.lane))
 
     state.on_bar = on_bar
     splitter = FrameSplitter(state.feed_line, state.feed_frame, sample_bytes=0)  # every frame
