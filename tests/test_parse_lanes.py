@@ -106,3 +106,34 @@ def test_a_garbled_stream_cannot_open_more_lanes_than_the_cap():
     state = read("\r".join(frames) + "\n")
     assert len(state.bars.bars) == MAX_LANES
     assert sum(t.restarts for t in state.bars.bars.values()) == 300 - MAX_LANES
+
+
+def staggered(starts: list[float], rates: list[float], total: int, desc: str = "extract") -> str:
+    """Bars that start at different moments (a GPU's job joining late), each frame written when its
+    item is done, its clock its own."""
+    events = sorted((s + i * r, k, i) for k, (s, r) in enumerate(zip(starts, rates)) for i in range(total + 1))
+    return "\r".join(frame(i, total, int(t - starts[k]), rates[k] if i else None, desc) for t, k, i in events) + "\n"
+
+
+def test_a_worker_joining_late_is_a_lane_of_its_own_not_a_restart():
+    # the second worker's 0/100 [00:00] comes while the first is 7 s in: read as a restart until
+    # the first draws again, then both are put right
+    state = read(staggered([0.0, 7.0], [1.0, 1.3], 100))
+    tracks = sorted(state.bars.bars.values(), key=lambda t: t.lane)
+    assert [t.label for t in tracks] == ["extract", "extract [lane 2]"]
+    for t, rate in zip(tracks, [1.0, 1.3]):
+        assert t.restarts == 0 and t.prior_s_per_item is None and t.prior_run is None  # no fake prior run
+        ns, clock = [h[0] for h in t.history], [h[2] for h in t.history]
+        assert ns == list(range(101))  # every one of its frames, none of the other's
+        assert clock == sorted(clock) and abs(clock[-1] / 100 - rate) < 0.02
+        assert t.observations == 101
+
+
+def test_a_rerun_after_the_first_run_stopped_is_still_a_restart():
+    # the first run dies at 50/100; the rerun starts from 0 and passes where the first stopped
+    first = [frame(i, 100, i, 1.0 if i else None, "extract") for i in range(51)]
+    rerun = [frame(i, 100, int(i * 1.3), 1.3 if i else None, "extract") for i in range(101)]
+    state = read("\r".join(first + rerun) + "\n")
+    (track,) = state.bars.bars.values()
+    assert track.restarts == 1 and track.prior_s_per_item == 1.0 and track.latest.n == 100
+    assert [h[0] for h in track.history] == list(range(101))

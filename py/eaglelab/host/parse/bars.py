@@ -16,7 +16,7 @@ first is a bar of its own, labelled `label [lane 2]` (docs/logs.md, "Concurrent 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 from eaglelab.fsutil import parse_iso
 
@@ -48,6 +48,7 @@ class BarTrack:
     prior_run: tuple | None = None         # its previous run's (n, elapsed_s) points: the pace it went at, item by item
     lane: int = 0                        # which of the concurrent bars of one frame key (0: the first)
     seq: int = 0                         # the book's frame count at its last frame
+    replaced: BarTrack | None = None     # the unfinished run a restart replaced, while it may still draw (_revive)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -81,6 +82,8 @@ class BarBook:
             if nested is not None:  # its last frame: tqdm's close(leave=True) draws it on the first row
                 p.position = nested.latest.position
                 lanes = self.lanes.get(p.key, [])
+        if self._revive(p, lanes, line):
+            lanes = self.lanes[p.key]
         track, how = _route(p, lanes, self.seq - LIVE_FRAMES * len(lanes))
         if track is None:
             track = self._new_lane(p, lanes, line, now)
@@ -95,6 +98,11 @@ class BarBook:
                     self.current = self._headline(track, lanes)
                 return track, False
             if how == _RESTART:
+                # kept a while: another process's bar starting late reads as a restart until the
+                # first one draws again (_revive)
+                # (a bar with no total never finishes: its reruns are not told from late joiners)
+                track.replaced = (replace(track, history=list(track.history))
+                                  if track.latest.total is not None and not track.finished else None)
                 _restart(track, line)
             advanced = p.n != prev.n or p.total != prev.total
             track.latest = p
@@ -125,6 +133,37 @@ class BarBook:
         self.bars[track.key] = track
         self.lanes.setdefault(p.key, []).append(track)
         return track
+
+    def _revive(self, p: Progress, lanes: list[BarTrack], line: int) -> bool:
+        """A restart that was another process joining late: the run the restart replaced draws again
+        (p continues it, nearer than the new run) within a few frames, so both still go. The new run
+        moves to a lane of its own, with no prior (the run before it was not its own), and the old
+        one is put back as it was. True when lanes changed."""
+        if len(lanes) >= MAX_LANES:
+            return False
+        live_from = self.seq - LIVE_FRAMES * (len(lanes) + 1)
+        for t in lanes:
+            old = t.replaced
+            if old is None:
+                continue
+            if old.seq < live_from or t.finished:
+                t.replaced = None  # it did not come back: a real restart
+                continue
+            # the old run moves on past where it was, and the new one has not caught up with it (a
+            # rerun reaching the old run's count is the rerun)
+            if (p.n <= old.latest.n or t.latest.n >= old.latest.n or not _continues(old.latest, p)
+                    or (_continues(t.latest, p) and _gap(t, p) <= _gap(old, p))):
+                continue
+            joined = self._new_lane(t.latest, lanes, t.first_line, t.updated_at)
+            for f in ("history", "first_ts", "last_line", "seq"):
+                setattr(joined, f, getattr(t, f))
+            joined.observations = len(t.history)  # its frames since the restart that was its start
+            for f in fields(BarTrack):
+                if f.name not in ("lane", "label"):
+                    setattr(t, f.name, getattr(old, f.name))
+            t.replaced = None
+            return True
+        return False
 
     def _headline(self, track: BarTrack, lanes: list[BarTrack]) -> BarTrack:
         """The bar the stage's progress shows for a frame of track: with several lanes of one key
