@@ -110,11 +110,11 @@ bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)
 
 .PHONY: bench-holdout
 bench-holdout: setup  ## the honest evaluation: parser and ETA on held-out public logs beside tqdm and simple baselines
-	$(VENV)/bin/python bench/bench_holdout.py
+	$(VENV)/bin/python bench/bench_holdout.py --apart bench/corpus/THIRTEENTH.txt
 
 .PHONY: bench-eta
 bench-eta: setup  ## ETA accuracy per class on the held-out split, beside tqdm, EMA, recent slope, mean rate, history prior (bench/RESULTS.md)
-	$(VENV)/bin/python bench/bench_eta.py --apart bench/corpus/ELEVENTH.txt
+	$(VENV)/bin/python bench/bench_eta.py --apart bench/corpus/THIRTEENTH.txt
 
 .PHONY: bench-parse
 bench-parse: setup  ## parser throughput vs grep -c, memory as the log grows, live latency (bench/RESULTS.md)

@@ -487,8 +487,8 @@ def main() -> None:
     ap.add_argument("--per-bar", action="store_true", help="print every bar's figures")
     ap.add_argument("--synthetic", action="store_true", help="also the synthetic scenarios (reported apart)")
     ap.add_argument("--apart", type=Path, metavar="LIST",
-                    help="also report the logs listed in LIST apart (one path a line; bench/corpus/ELEVENTH.txt: "
-                         "the eleventh round's new logs)")
+                    help="also report the logs listed in LIST apart (one path a line; bench/corpus/THIRTEENTH.txt, "
+                         "ELEVENTH.txt: a round's new logs)")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
                     help="worker processes (each log is replayed on its own; the figures do not depend on it)")
     args = ap.parse_args()

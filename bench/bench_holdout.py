@@ -226,10 +226,20 @@ def score_eta(labels: list[Label]) -> tuple[list[BarScore], int]:
     return scores, excerpts
 
 
+def score_apart(labels: list[Label], listing: Path) -> tuple[list[Label], ParseScore]:
+    """The labels of the logs listed in listing (one path a line, # comments) and their parse score."""
+    listed = {ln.strip() for ln in listing.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+    mine = [lab for lab in labels if lab.path in listed]
+    return mine, score_parse(mine)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--split", choices=["holdout", "tuning"], default="holdout")
     ap.add_argument("--misses", action="store_true", help="list every log the parser gets wrong, and every bar")
+    ap.add_argument("--apart", type=Path, metavar="LIST",
+                    help="also report the parse figures of the logs listed in LIST apart (one path a line, "
+                         "# comments; bench/corpus/THIRTEENTH.txt: a round's new logs)")
     args = ap.parse_args()
     table = split_table()
     labels = [lab for lab in load_labels() if table.get(lab.path, split_of(lab.repo)) == args.split]
@@ -241,6 +251,13 @@ def main() -> None:
     pct = lambda a, b: f"{a / b:.2f} ({a}/{b})" if b else "n/a"
     print(f"parse: failed detected {pct(p.detected, p.failed)}   right reason {pct(p.right_reason, p.failed)}   "
           f"false alarms {pct(p.false_alarms, p.not_failed)}   progress right {pct(p.progress_right, p.with_bar)}")
+    if args.apart:
+        mine, q = score_apart(labels, args.apart)
+        print(f"  of them, the {len(mine)} listed in {args.apart}: failed detected {pct(q.detected, q.failed)}   "
+              f"right reason {pct(q.right_reason, q.failed)}   false alarms {pct(q.false_alarms, q.not_failed)}   "
+              f"progress right {pct(q.progress_right, q.with_bar)}")
+        for m in q.misses:
+            print("    miss: " + m)
 
     scores, excerpts = score_eta(labels)
     if not scores:
