@@ -389,3 +389,27 @@ def test_a_wrappers_pause_prompt_after_the_work_is_done_or_a_named_failure_chang
     # a bar that starts after the prompt (the wrapper ran the program again) is not the one that died
     again = "Press any key to continue . . .\n" + BAR_TO_2_OF_4 + "\n"
     assert state_of(again)["failure"] is None
+
+
+_UVICORN_BIND_FAILED = ("INFO:     Started server process [1115798]\n"
+                        "INFO:     Waiting for application startup.\n"
+                        "INFO:     Application startup complete.\n"
+                        "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 23335): "
+                        "address already in use\n"
+                        "INFO:     Waiting for application shutdown.\n"
+                        "INFO:     Application shutdown complete.\n")
+
+
+def test_a_server_that_could_not_bind_its_port_failed_despite_its_clean_shutdown():
+    # uvicorn exits 1 after it (bench/corpus/public/rap-lmdeploy-tp4-turbomind-convert-28-bind-error.log);
+    # it was read `completed`, its shutdown lines being the end marker
+    s = state_of(_UVICORN_BIND_FAILED)
+    assert s["state"] == "failed" and s["failure"]["reason"] == "other"
+    assert "address already in use" in s["failure"]["message"]
+
+
+def test_a_bind_error_that_progress_follows_is_survived():
+    # the same server's error, then the job's own work goes on to its end (the evaluation used another server)
+    bar = "".join(f"\r{k}/7 [00:{k:02d}<00:{7 - k:02d},  1.00s/it]" for k in range(8)) + "\n"
+    s = state_of(_UVICORN_BIND_FAILED + bar)
+    assert s["failure"] is None and s["failures_survived"] == 1

@@ -210,3 +210,20 @@ def test_frames_written_out_by_cat_v_are_frames():
     p = parse_bytes(("CUDA SETUP: Loading binary\n" + frames + "\nTexts processed: 3\n").encode())["progress"]
     assert (p["label"], p["n"], p["total"], p["elapsed_s"]) == ("Loading checkpoint shards", 15, 15, 75.0)
     assert [n for _, n in p["history"]][-3:] == [13, 14, 15]  # every frame read, not only the last
+
+
+def test_a_counter_frame_with_its_own_unit_and_a_log_line_glued_after_it_keeps_its_count():
+    # `datasets`' counter (`908 examples [16:08, 17.25 examples/s]`, no total) with an NCCL watchdog
+    # line glued after it, no newline (bench/corpus/public/alignhandbook-slurm-sft-shards-25m-nccl-watchdog-sigabrt.log):
+    # the count stopped at the first frame of the line, and the failure's message carried the frame
+    from eaglelab.host.tail.whole import parse_bytes
+
+    frames = "".join(f"\rGenerating train split: {n} examples [15:{n // 100 + 3:02d}, {n / 60:.2f} examples/s]"
+                     for n in range(4, 905, 150))
+    watchdog = ("[rank2]:[E922 03:32:06.115905315 ProcessGroupNCCL.cpp:607] [Rank 2] Watchdog caught collective "
+                "operation timeout: WorkNCCL(SeqNum=875, OpType=ALLREDUCE) ran for 1800031 milliseconds before timing out.")
+    log = frames + "\rGenerating train split: 908 examples [16:08, 17.25 examples/s]" + watchdog + "\n"
+    s = parse_bytes(log.encode())
+    assert s["progress"]["label"] == "Generating train split"
+    assert (s["progress"]["n"], s["progress"]["total"]) == (908, None)
+    assert s["failure"]["reason"] == "nccl_error" and s["failure"]["message"] == watchdog

@@ -60,7 +60,10 @@ _REASONS: list[tuple[str, re.Pattern[str]]] = [
     ("timeout", re.compile(r"\bTimeoutError\b|\b(?:Read|Connect|Pool)Timeout\b|TimeoutExpired|DeadlineExceeded|timed out")),
     ("other", re.compile(
         r"core dumped|Fatal Python error|Bus error|Floating point exception|Illegal instruction"
-        r"|^jobwrap: cannot start|Aborted\s*$|terminate called after throwing")),
+        r"|^jobwrap: cannot start|Aborted\s*$|terminate called after throwing"
+        # uvicorn could not bind its port (another server holds it): it shuts down and exits 1, its
+        # `Application shutdown complete.` notwithstanding
+        r"|error while attempting to bind on address")),
 ]
 # Named causes beat these two when a log has several candidates (a C++ abort's `terminate called`
 # is `other`, its `what():  CUDA error` line says why).
