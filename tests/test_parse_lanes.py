@@ -137,3 +137,13 @@ def test_a_rerun_after_the_first_run_stopped_is_still_a_restart():
     (track,) = state.bars.bars.values()
     assert track.restarts == 1 and track.prior_s_per_item == 1.0 and track.latest.n == 100
     assert [h[0] for h in track.history] == list(range(101))
+
+
+def test_a_bar_cut_short_again_and_again_keeps_one_replaced_run_at_most():
+    # an evaluation bar left part way and started over many times: the run each restart replaced is
+    # kept for a few frames, never a chain of every earlier run (memory stays bounded)
+    runs = [frame(i, 100, i, 1.0 if i else None, "eval") for _ in range(50) for i in range(3)]
+    state = read("\r".join(runs) + "\n")
+    (track,) = state.bars.bars.values()
+    assert track.restarts == 49
+    assert track.replaced is None or track.replaced.replaced is None

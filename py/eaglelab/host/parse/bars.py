@@ -101,7 +101,7 @@ class BarBook:
                 # kept a while: another process's bar starting late reads as a restart until the
                 # first one draws again (_revive)
                 # (a bar with no total never finishes: its reruns are not told from late joiners)
-                track.replaced = (replace(track, history=list(track.history))
+                track.replaced = (replace(track, history=list(track.history), replaced=None)
                                   if track.latest.total is not None and not track.finished else None)
                 _restart(track, line)
             advanced = p.n != prev.n or p.total != prev.total
