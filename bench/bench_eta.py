@@ -1,7 +1,7 @@
 """Bar ETA accuracy on the log corpus, ours beside every simple rule, per class, held-out split.
 
     .venv/bin/python bench/bench_eta.py [--split holdout|tuning|all] [--per-bar] [--synthetic] [--apart LIST]
-    (make bench-eta: the held-out part, and the eleventh round's new logs of it apart)
+    (make bench-eta: the held-out part, and the thirteenth round's new logs of it apart)
 
 Corpus: every log in bench/corpus/SPLIT.tsv (bench/corpus/{public,real,recorded} and the parser's
 fixture logs, tests/fixtures/logs; sources in bench/corpus/SOURCES.md, LABELS.tsv and
@@ -430,6 +430,11 @@ def _score_log(job) -> tuple[list[BarScore], int, list[str]]:
     return score_text(path, sp, (ROOT / path).read_bytes().decode("utf-8", errors="replace"), table)
 
 
+def read_listing(path: Path) -> set[str]:
+    """The log paths a listing names (bench/corpus/THIRTEENTH.txt: one a line, # comments)."""
+    return {ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+
+
 def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
         paths: list[str] | None = None, apart: Path | None = None, jobs: int = 1) -> dict:
     logs = load_split()
@@ -464,7 +469,7 @@ def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
         out["lanes"] = report_all(f"[{split}, apart: concurrent bars after the first of their key, {len(lanes)} bars "
                                   f"of {n_lane_logs} logs] the same figures", lanes)
     if apart is not None:  # e.g. the logs new in a round: the only figures on bars nobody here had scored
-        listed = {ln.strip() for ln in apart.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+        listed = read_listing(apart)
         sub = [s for s in scores if s.name.split(":", 1)[0] in listed]
         n_apart = sum(1 for p, _s, sp in logs if p in listed and (split == "all" or sp == split))
         out["apart"] = report_all(f"[{split}, apart: the {n_apart} logs of {apart.name}] the same figures", sub)

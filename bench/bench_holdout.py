@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from bench_eta import interleaved_keys
+from bench_eta import interleaved_keys, read_listing
 
 from eaglelab.eta.replay import replay
 from eaglelab.host.tail.whole import parse_file
@@ -228,7 +228,7 @@ def score_eta(labels: list[Label]) -> tuple[list[BarScore], int]:
 
 def score_apart(labels: list[Label], listing: Path) -> tuple[list[Label], ParseScore]:
     """The labels of the logs listed in listing (one path a line, # comments) and their parse score."""
-    listed = {ln.strip() for ln in listing.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+    listed = read_listing(listing)
     mine = [lab for lab in labels if lab.path in listed]
     return mine, score_parse(mine)
 
