@@ -35,8 +35,8 @@ _RATE_RE = re.compile(r"\s*(?P<val>\?|\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s?(?P<si>[kKM
 # The `[elapsed<remaining, rate, postfix]` block that closes a frame, wherever it is in a line.
 _CLOSE_RE = re.compile(rf"\[(?:{_TIME}|\?)(?:<(?:{_TIME}|\?))?(?:,[^\]]*)?\]")
 _BAR_GROUPS = ("pct", "n", "total", "unit", "elapsed", "remaining", "rest")
-# A counter (no total) with a unit of its own: `908 examples [16:08, 17.25 examples/s]`
-_COUNTER_HEAD_RE = re.compile(rf"\d \w+ \[(?:{_TIME}),")
+# A counter's head (no total): `123it [00:05`, `908 examples [16:08`
+_COUNTER_HEAD_RE = re.compile(rf"\d ?[A-Za-z]\w* \[(?:{_TIME}|\?)")
 _NUM_RE = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)([kKMGTPEZY]?)$")
 
 
@@ -238,7 +238,7 @@ def split_glued(message: str) -> tuple[str, str] | None:
     """A bar frame with text glued after it (a log line written right after a \\r-frame, no newline):
     (frame, rest), or None. `Training:  22%|█ | 14/64 [00:07<00:17, 2.94step/s]2026-07-07 ... INFO ...`
     """
-    if "%" not in message and "it [" not in message and _COUNTER_HEAD_RE.search(message) is None:
+    if "%" not in message and _COUNTER_HEAD_RE.search(message) is None:
         return None
     m = _CLOSE_RE.search(message)
     if m is None or m.end() >= len(message):
