@@ -26,15 +26,23 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def wait_for(pred, timeout: float = 60, interval: float = 0.2):
-    """Poll pred() until it returns something true (returned) or fail after timeout seconds."""
+def poll(pred, timeout: float, interval: float = 0.2):
+    """pred()'s first true value within timeout seconds, else None (the caller says what failed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = pred()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
+    return None
+
+
+def wait_for(pred, timeout: float = 60, interval: float = 0.2):
+    """Poll pred() until it returns something true (returned) or fail after timeout seconds."""
+    value = poll(pred, timeout, interval)
+    if not value:
+        raise AssertionError(f"condition not met within {timeout} s")
+    return value
 
 
 @pytest.fixture

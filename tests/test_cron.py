@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAB, REPO, TmpLab, kill_unfinished
+from conftest import LAB, REPO, TmpLab, kill_unfinished, poll
 from eaglelab.control import notify
 from eaglelab.control.notify import redact_url
 
@@ -36,17 +36,6 @@ FIRE_WAIT_S = 90
 # The last line of a firing's log: it ran (and wrote its summary), or it found another running.
 END = re.compile(r"^\S+ firing \S+ (complete|stopped): .* \(exit -?\d+\)$|this firing exits without touching it$",
                  re.M)
-
-
-def poll(pred, timeout: float, interval: float = 0.2):
-    """pred()'s first true value within timeout seconds, else None (the caller says what failed)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    return None
 
 
 # -- the sandboxed cron daemon ------------------------------------------------------------------
