@@ -45,6 +45,18 @@ def wait_for(pred, timeout: float = 60, interval: float = 0.2):
     return value
 
 
+def remove_dead_faketime_files() -> None:
+    """libfaketime (Debian's 0.9.10, preloaded by the cron and clock tests) keeps its clock in /dev/shm
+    under the pid it started in, and leaves it there when that process ends, normally or by a signal.
+    pid_max is 32768 here, so pids come round within a suite, and the files pile up across runs on one
+    machine: a later process given such a pid opens them again, a semaphore perhaps still taken by the
+    process that died. The files of processes that are gone are removed."""
+    for f in Path("/dev/shm").glob("*faketime_*"):
+        pid = f.name.rsplit("_", 1)[-1]
+        if pid.isdigit() and not Path("/proc", pid).exists():
+            f.unlink(missing_ok=True)
+
+
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A real 512 KiB tmpfs (a disk that fills up), mounted for the test and unmounted after it."""

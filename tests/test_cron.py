@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAB, REPO, TmpLab, kill_unfinished, poll
+from conftest import LAB, REPO, TmpLab, kill_unfinished, poll, remove_dead_faketime_files
 from eaglelab.control import notify
 from eaglelab.control.notify import redact_url
 
@@ -81,9 +81,9 @@ class CronSandbox:
 
     def start_daemon(self, fake: str = FAKE_NIGHT) -> None:
         assert self.daemon is None
-        # libfaketime preloaded directly (cron is then the pid that names its files in /dev/shm, removed
-        # in stop_daemon), its clock starting at `fake` when cron starts. The `faketime` wrapper would
-        # leave its own per-pid files behind when stopped as here (pid_max is 32768: pids come again).
+        # libfaketime preloaded directly, its clock starting at `fake` when cron starts (its files in
+        # /dev/shm are removed in stop_daemon). The `faketime` wrapper would add a process, and files,
+        # of its own.
         env = {**os.environ, "LD_PRELOAD": str(self.libfaketime), "FAKETIME": f"@{fake}"}
         self.daemon = subprocess.Popen(["nsenter", "-t", str(self.holder.pid), "-m", "--", "/usr/sbin/cron", "-f"],
                                        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -102,12 +102,8 @@ class CronSandbox:
             except ProcessLookupError:
                 pass
             self.daemon.wait(timeout=10)
-            # libfaketime keeps its clock in /dev/shm under the pid it started in and, stopped by a
-            # signal, leaves it there: a later process preloading it with that pid again would meet a
-            # semaphore that may still be taken.
-            for name in (f"faketime_shm_{self.daemon.pid}", f"sem.faketime_sem_{self.daemon.pid}"):
-                Path("/dev/shm", name).unlink(missing_ok=True)
             self.daemon = None
+            remove_dead_faketime_files()
 
     def close(self) -> None:
         self.stop_daemon()

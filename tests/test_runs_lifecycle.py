@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAB, fill_disk
+from conftest import LAB, fill_disk, remove_dead_faketime_files
 from eaglelab.fsutil import parse_iso
 
 PIPELINE = """\
@@ -680,9 +680,12 @@ def test_one_status_from_a_controller_hours_ahead_never_freezes_a_live_run(tmpla
     # `faketime` wrapper keeps a semaphore per pid in /dev/shm, left behind when a wrapper is killed (the
     # cron tests stop theirs), and a later wrapper given the same pid fails with "sem_open: File exists"
     (lib,) = Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1")
-    ahead = subprocess.run([str(LAB), "status", "--json"], capture_output=True, text=True, timeout=60,
-                           env={**tmplab.env(), "LD_PRELOAD": str(lib), "FAKETIME": "+2h",
-                                "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+    try:
+        ahead = subprocess.run([str(LAB), "status", "--json"], capture_output=True, text=True, timeout=60,
+                               env={**tmplab.env(), "LD_PRELOAD": str(lib), "FAKETIME": "+2h",
+                                    "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+    finally:
+        remove_dead_faketime_files()  # the library's own per-pid files, left even by a normal exit
     assert ahead.returncode == 0, ahead.stdout + ahead.stderr
     (then,) = [r for r in json.loads(ahead.stdout)["runs"] if r["id"] == rd.name]
     assert then["state"] == "running" and then["duration_s"] > 7000, then  # it did see the clock 2 h ahead
