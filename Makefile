@@ -112,6 +112,15 @@ bench: setup  ## run the benchmarks; they print figures (see bench/RESULTS.md)
 bench-holdout: setup  ## the honest evaluation: parser and ETA on held-out public logs beside tqdm and simple baselines
 	$(VENV)/bin/python bench/bench_holdout.py --apart bench/corpus/THIRTEENTH.txt
 
+# A corpus kept outside the repository (never committed or tuned on here: somebody else's collection,
+# e.g. put in ../shared/corpus): *.log files, and a LABELS.tsv in bench/corpus/LABELS.tsv's columns
+# (paths relative to it) for the parse figures. Logs the repository already holds are left out.
+CORPUS ?= ../shared/corpus
+.PHONY: bench-outside
+bench-outside: setup  ## parser and ETA on a corpus kept outside the repo, never seen here (CORPUS=dir, default ../shared/corpus)
+	$(VENV)/bin/python bench/bench_holdout.py --corpus "$(CORPUS)"
+	$(VENV)/bin/python bench/bench_eta.py --corpus "$(CORPUS)"
+
 .PHONY: bench-eta
 bench-eta: setup  ## ETA accuracy per class on the held-out split, beside tqdm, EMA, recent slope, mean rate, history prior (bench/RESULTS.md)
 	$(VENV)/bin/python bench/bench_eta.py --apart bench/corpus/THIRTEENTH.txt

@@ -1,7 +1,13 @@
 """Bar ETA accuracy on the log corpus, ours beside every simple rule, per class, held-out split.
 
     .venv/bin/python bench/bench_eta.py [--split holdout|tuning|all] [--per-bar] [--synthetic] [--apart LIST]
+    .venv/bin/python bench/bench_eta.py --corpus DIR   (make bench-outside CORPUS=DIR)
     (make bench-eta: the held-out part, and the thirteenth round's new logs of it apart)
+
+--corpus DIR scores the logs under DIR instead (every *.log, or those its LABELS.tsv names): a corpus
+kept outside this repository, which nobody here tuned on or committed (somebody else's collection,
+e.g. in ../shared/). A log whose bytes the committed corpus or the parser's fixtures already hold is
+not unseen: it is left out and named.
 
 Corpus: every log in bench/corpus/SPLIT.tsv (bench/corpus/{public,real,recorded} and the parser's
 fixture logs, tests/fixtures/logs; sources in bench/corpus/SOURCES.md, LABELS.tsv and
@@ -51,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import io
 import itertools
 import math
@@ -435,13 +442,49 @@ def read_listing(path: Path) -> set[str]:
     return {ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
 
 
+OUTSIDE = "outside"  # the split name of a corpus kept outside the repository (--corpus)
+
+
+def committed_digests() -> set[str]:
+    """sha256 of every log this repository holds: the corpus and the parser's fixtures."""
+    dirs = (ROOT / "bench" / "corpus", ROOT / "tests" / "fixtures" / "logs")
+    return {hashlib.sha256(p.read_bytes()).hexdigest() for d in dirs for p in d.rglob("*.log")}
+
+
+def outside_logs(corpus: Path, names: list[str] | None = None) -> tuple[list[Path], list[Path]]:
+    """(the logs of a corpus kept outside the repository, those of them left out because the
+    repository holds the same bytes). names: the paths its LABELS.tsv lists, relative to corpus;
+    else every *.log under it."""
+    if not corpus.is_dir():
+        raise SystemExit(f"--corpus {corpus}: no such directory (a folder of *.log files kept outside this "
+                         f"repository, e.g. ../shared/corpus, with a LABELS.tsv for the reasons bench)")
+    paths = [corpus / n for n in names] if names is not None else sorted(corpus.rglob("*.log"))
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise SystemExit(f"--corpus {corpus}: LABELS.tsv names files that are not there: {', '.join(missing[:5])}")
+    seen = committed_digests()
+    fresh, known = [], []
+    for p in paths:
+        (known if hashlib.sha256(p.read_bytes()).hexdigest() in seen else fresh).append(p)
+    return fresh, known
+
+
 def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
-        paths: list[str] | None = None, apart: Path | None = None, jobs: int = 1) -> dict:
+        paths: list[str] | None = None, apart: Path | None = None, jobs: int = 1,
+        corpus: Path | None = None) -> dict:
     logs = load_split()
+    if corpus is not None:  # scored as one held-out part; the priors still come from the tuning part
+        fresh, known = outside_logs(corpus)
+        if known:
+            print(f"left out, the repository holds the same bytes (not unseen): {', '.join(map(str, known))}")
+        split = OUTSIDE
+        outside = [(str(p), "", OUTSIDE) for p in fresh]
     # every log is replayed on its own: worker processes give the same figures, in the same order
     pool = multiprocessing.Pool(jobs) if jobs > 1 else None
     try:
         table = build_priors(logs, pool)
+        if corpus is not None:
+            logs = outside
         todo = [(path, sp, table) for path, _src, sp in logs
                 if (split == "all" or sp == split) and (paths is None or path in paths)]
         results = (pool.imap if pool else map)(_score_log, todo)
@@ -494,10 +537,12 @@ def main() -> None:
     ap.add_argument("--apart", type=Path, metavar="LIST",
                     help="also report the logs listed in LIST apart (one path a line; bench/corpus/THIRTEENTH.txt, "
                          "ELEVENTH.txt: a round's new logs)")
+    ap.add_argument("--corpus", type=Path, metavar="DIR",
+                    help="score the logs under DIR instead: a corpus kept outside this repository, never tuned on")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
                     help="worker processes (each log is replayed on its own; the figures do not depend on it)")
     args = ap.parse_args()
-    run(args.split, args.synthetic, args.per_bar, apart=args.apart, jobs=args.jobs)
+    run(args.split, args.synthetic, args.per_bar, apart=args.apart, jobs=args.jobs, corpus=args.corpus)
 
 
 if __name__ == "__main__":

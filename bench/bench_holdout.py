@@ -1,7 +1,13 @@
 """The honest evaluation: parser and ETA on public logs, held-out split only, baselines in the same run.
 
     /work/main/.venv/bin/python bench/bench_holdout.py [--split holdout|tuning] [--misses]
+    /work/main/.venv/bin/python bench/bench_holdout.py --corpus DIR   (make bench-outside CORPUS=DIR)
     (make bench-holdout)
+
+--corpus DIR reads a corpus kept outside this repository instead (never tuned on or committed here):
+its LABELS.tsv, in this file's columns with paths relative to DIR, gives the parse figures; without
+one only the ETA is scored, on every *.log under DIR. Logs the repository already holds byte for byte
+are left out and named (bench_eta.outside_logs).
 
 Corpus: every log listed in bench/corpus/LABELS.tsv (public GitHub issues and pull requests, the
 source URL of each in the file; labels read by a person: failed or not, the failure reason, the
@@ -43,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from bench_eta import interleaved_keys, read_listing
+from bench_eta import interleaved_keys, outside_logs, read_listing
 
 from eaglelab.eta.replay import replay
 from eaglelab.host.tail.whole import parse_file
@@ -78,11 +84,13 @@ class Label:
     progress: str | None
 
 
-def load_labels() -> list[Label]:
-    rows = [r for r in LABELS.read_text().splitlines() if r and not r.startswith("#")]
+def load_labels(path: Path = LABELS, base: Path | None = None) -> list[Label]:
+    """The labelled logs of path (LABELS.tsv's columns); base: the folder the paths are relative to,
+    for a corpus outside the repository (the paths come back joined to it)."""
+    rows = [r for r in path.read_text().splitlines() if r and not r.startswith("#")]
     out = []
     for r in csv.DictReader(rows, delimiter="\t"):
-        out.append(Label(r["path"], r["repo"], r["url"], r["failed"] == "1",
+        out.append(Label(str(base / r["path"]) if base else r["path"], r["repo"], r["url"], r["failed"] == "1",
                          None if r["reason"] == "-" else r["reason"],
                          None if r["progress"] == "-" else r["progress"]))
     return out
@@ -233,24 +241,48 @@ def score_apart(labels: list[Label], listing: Path) -> tuple[list[Label], ParseS
     return mine, score_parse(mine)
 
 
+def outside_labels(corpus: Path) -> tuple[list[Label], bool, list[Path]]:
+    """(the logs of a corpus kept outside the repository, whether a person labelled them, those left
+    out because the repository holds the same bytes)."""
+    labels_file = corpus / "LABELS.tsv"
+    if labels_file.is_file():
+        labelled = load_labels(labels_file, base=corpus)
+        fresh, known = outside_logs(corpus, [str(Path(lab.path).relative_to(corpus)) for lab in labelled])
+        keep = {str(p) for p in fresh}
+        return [lab for lab in labelled if lab.path in keep], True, known
+    fresh, known = outside_logs(corpus)
+    return [Label(str(p), "", "", False, None, None) for p in fresh], False, known
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--split", choices=["holdout", "tuning"], default="holdout")
+    ap.add_argument("--corpus", type=Path, metavar="DIR",
+                    help="read a corpus kept outside this repository instead (DIR/LABELS.tsv for the parse figures)")
     ap.add_argument("--misses", action="store_true", help="list every log the parser gets wrong, and every bar")
     ap.add_argument("--apart", type=Path, metavar="LIST",
                     help="also report the parse figures of the logs listed in LIST apart (one path a line, "
                          "# comments; bench/corpus/THIRTEENTH.txt: a round's new logs)")
     args = ap.parse_args()
-    table = split_table()
-    labels = [lab for lab in load_labels() if table.get(lab.path, split_of(lab.repo)) == args.split]
-    repos = {lab.repo for lab in labels}
-    print(f"split {args.split}: {len(labels)} logs from {len(repos)} repositories "
-          f"({sum(lab.failed for lab in labels)} failed)")
+    labelled = True
+    if args.corpus:
+        labels, labelled, known = outside_labels(args.corpus)
+        if known:
+            print(f"left out, the repository holds the same bytes (not unseen): {', '.join(map(str, known))}")
+        print(f"corpus {args.corpus} (outside the repository): {len(labels)} logs"
+              + ("" if labelled else ", no LABELS.tsv: the ETA only"))
+    else:
+        table = split_table()
+        labels = [lab for lab in load_labels() if table.get(lab.path, split_of(lab.repo)) == args.split]
+        repos = {lab.repo for lab in labels}
+        print(f"split {args.split}: {len(labels)} logs from {len(repos)} repositories "
+              f"({sum(lab.failed for lab in labels)} failed)")
 
-    p = score_parse(labels)
+    p = score_parse(labels if labelled else [])
     pct = lambda a, b: f"{a / b:.2f} ({a}/{b})" if b else "n/a"
-    print(f"parse: failed detected {pct(p.detected, p.failed)}   right reason {pct(p.right_reason, p.failed)}   "
-          f"false alarms {pct(p.false_alarms, p.not_failed)}   progress right {pct(p.progress_right, p.with_bar)}")
+    if labelled:
+        print(f"parse: failed detected {pct(p.detected, p.failed)}   right reason {pct(p.right_reason, p.failed)}   "
+              f"false alarms {pct(p.false_alarms, p.not_failed)}   progress right {pct(p.progress_right, p.with_bar)}")
     if args.apart:
         mine, q = score_apart(labels, args.apart)
         print(f"  of them, the {len(mine)} listed in {args.apart}: failed detected {pct(q.detected, q.failed)}   "
