@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_eta  # noqa: E402 - bench/ goes on sys.path just above
-import bench_holdout  # noqa: E402
+import bench_holdout  # noqa: E402 - likewise
 
 COMMITTED = "bench/corpus/public/triforce-long-context-decode-bench-500-oom-at-315.log"
 OOM_END = ("Traceback (most recent call last):\n  File \"load.py\", line 3, in <module>\n"
