@@ -453,8 +453,8 @@ def committed_digests() -> set[str]:
 
 def outside_logs(corpus: Path, names: list[str] | None = None) -> tuple[list[Path], list[Path]]:
     """(the logs of a corpus kept outside the repository, those of them left out because the
-    repository holds the same bytes). names: the paths its LABELS.tsv lists, relative to corpus;
-    else every *.log under it."""
+    repository holds the same bytes). names: the paths its LABELS.tsv lists (relative to corpus, or
+    joined to it already); else every *.log under it."""
     if not corpus.is_dir():
         raise SystemExit(f"--corpus {corpus}: no such directory (a folder of *.log files kept outside this "
                          f"repository, e.g. ../shared/corpus, with a LABELS.tsv for the reasons bench)")

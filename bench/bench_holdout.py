@@ -5,7 +5,7 @@
     (make bench-holdout)
 
 --corpus DIR reads a corpus kept outside this repository instead (never tuned on or committed here):
-its LABELS.tsv, in this file's columns with paths relative to DIR, gives the parse figures; without
+its LABELS.tsv, in bench/corpus/LABELS.tsv's columns with paths relative to DIR, gives the parse figures; without
 one only the ETA is scored, on every *.log under DIR. Logs the repository already holds byte for byte
 are left out and named (bench_eta.outside_logs).
 
@@ -247,7 +247,7 @@ def outside_labels(corpus: Path) -> tuple[list[Label], bool, list[Path]]:
     labels_file = corpus / "LABELS.tsv"
     if labels_file.is_file():
         labelled = load_labels(labels_file, base=corpus)
-        fresh, known = outside_logs(corpus, [str(Path(lab.path).relative_to(corpus)) for lab in labelled])
+        fresh, known = outside_logs(corpus, [lab.path for lab in labelled])  # already joined to corpus
         keep = {str(p) for p in fresh}
         return [lab for lab in labelled if lab.path in keep], True, known
     fresh, known = outside_logs(corpus)

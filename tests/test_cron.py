@@ -30,8 +30,9 @@ from eaglelab.control.notify import redact_url
 
 FAKE_NIGHT = "2030-01-07 02:59:56"  # four seconds before a `0 3 * * *` entry is due
 # cron runs what is due in the minutes it wakes into, never the minute it started in: a daemon whose
-# start took longer than FAKE_NIGHT's four seconds (a starved 2-core CI machine: ci40, ci62) started
-# in 03:00 and slept through it. Nothing fired by then means the daemon missed the minute.
+# start took longer than FAKE_NIGHT's four seconds (a starved 2-core CI machine) started in 03:00 and
+# slept through it, one way a night passed with nothing fired (ci40, stop 47's CI). Nothing fired by
+# then means the daemon missed the minute.
 FIRE_WAIT_S = 90
 # The last line of a firing's log: it ran (and wrote its summary), or it found another running.
 END = re.compile(r"^\S+ firing \S+ (complete|stopped): .* \(exit -?\d+\)$|this firing exits without touching it$",
