@@ -472,19 +472,18 @@ def outside_logs(corpus: Path, names: list[str] | None = None) -> tuple[list[Pat
 def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
         paths: list[str] | None = None, apart: Path | None = None, jobs: int = 1,
         corpus: Path | None = None) -> dict:
-    logs = load_split()
-    if corpus is not None:  # scored as one held-out part; the priors still come from the tuning part
+    split_logs = load_split()  # the tuning part gives the prior column, whatever is scored
+    logs = split_logs
+    if corpus is not None:  # scored as one held-out part
         fresh, known = outside_logs(corpus)
         if known:
             print(f"left out, the repository holds the same bytes (not unseen): {', '.join(map(str, known))}")
         split = OUTSIDE
-        outside = [(str(p), "", OUTSIDE) for p in fresh]
+        logs = [(str(p), "", OUTSIDE) for p in fresh]
     # every log is replayed on its own: worker processes give the same figures, in the same order
     pool = multiprocessing.Pool(jobs) if jobs > 1 else None
     try:
-        table = build_priors(logs, pool)
-        if corpus is not None:
-            logs = outside
+        table = build_priors(split_logs, pool)
         todo = [(path, sp, table) for path, _src, sp in logs
                 if (split == "all" or sp == split) and (paths is None or path in paths)]
         results = (pool.imap if pool else map)(_score_log, todo)

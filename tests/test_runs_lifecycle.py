@@ -676,9 +676,10 @@ def test_one_status_from_a_controller_hours_ahead_never_freezes_a_live_run(tmpla
         return ((st.get("progress") or {}).get("n") or 0) if st.get("state") == "running" else 0
 
     tmplab.wait_for(lambda: done_steps() >= 2, timeout=30, interval=0.1)
-    # libfaketime's thread-safe build (lab status asks hosts from a thread pool), preloaded directly: the
-    # `faketime` wrapper keeps a semaphore per pid in /dev/shm, left behind when a wrapper is killed (the
-    # cron tests stop theirs), and a later wrapper given the same pid fails with "sem_open: File exists"
+    # libfaketime's thread-safe build (lab status asks hosts from a thread pool), preloaded directly, not
+    # through the `faketime` wrapper (one process and its per-pid files in /dev/shm fewer; a later wrapper
+    # given a stale file's pid failed with "sem_open: File exists"). The library leaves its own files too:
+    # removed below.
     (lib,) = Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1")
     try:
         ahead = subprocess.run([str(LAB), "status", "--json"], capture_output=True, text=True, timeout=60,
