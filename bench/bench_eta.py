@@ -237,9 +237,9 @@ class PriorTable:
         return statistics.median(rates) if rates else None
 
 
-def _bars(text: str, horizons=None, priors=None) -> dict:
+def _bars(text: str, horizons=None, priors=None, estimate: bool = True) -> dict:
     out: dict = {}
-    for row in replay(text.split("\n"), horizons=horizons, priors=priors):
+    for row in replay(text.split("\n"), horizons=horizons, priors=priors, estimate=estimate):
         out.setdefault((row.key, row.instance), []).append(row)
     return out
 
@@ -247,7 +247,7 @@ def _bars(text: str, horizons=None, priors=None) -> dict:
 def _bar_rates(path: str) -> list[tuple[str, float]]:
     """(label, mean s/item) of each bar of one log (interleaved concurrent bars left out)."""
     text = (ROOT / path).read_bytes().decode("utf-8", errors="replace")
-    bars = _bars(text)
+    bars = _bars(text, estimate=False)  # counts and clocks only
     mixed = interleaved_keys(bars)
     rates = ((key[1], bar_rate(rows) if key not in mixed else None) for (key, _inst), rows in bars.items())
     return [(label, rate) for label, rate in rates if rate]
@@ -265,7 +265,7 @@ def build_priors(logs, pool=None) -> PriorTable:
 def scored_bars(text: str) -> tuple[dict, dict]:
     """Every bar of a log replayed up to the last count the log shows ({(key, instance): rows}), and
     each bar's own printed total ({(key, instance): total}: a bar scored to it is complete)."""
-    first = _bars(text)
+    first = _bars(text, estimate=False)  # where each bar's log ends: counts only, the estimates come after
     last = {k: rows[-1].n for k, rows in first.items() if any(r.elapsed_s is not None for r in rows)}
     return _bars(text, horizons=last), {k: rows[-1].total for k, rows in first.items()}
 

@@ -216,7 +216,7 @@ def score_eta(labels: list[Label]) -> tuple[list[BarScore], int]:
     for lab in labels:
         lines = (ROOT / lab.path).read_text(errors="replace").split("\n")
         last: dict = {}
-        for row in replay(lines):
+        for row in replay(lines, estimate=False):  # where each bar's log ends: counts only
             if row.elapsed_s is not None:
                 last[(row.key, row.instance)] = row.n
         bars: dict = {}

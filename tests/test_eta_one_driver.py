@@ -75,3 +75,17 @@ def test_live_tail_and_replay_give_identical_etas(tmp_path, name):
     live, replayed = live_progress(tmp_path, text), replayed_progress(text)
     assert any(p and p["eta_s"] not in (None, 0.0) for p in live)  # there is something to compare
     assert live == replayed
+
+
+@pytest.mark.parametrize("path", REAL[:3], ids=lambda p: p.name)
+def test_a_replay_without_estimates_reads_the_same_frames(path: Path):
+    # the benchmarks read each log's counts and clocks with estimate=False (the estimator is most of a
+    # replay's time); those rows must be the estimating replay's, ETAs aside
+    lines = path.read_text(errors="replace").split("\n")
+    full = list(replay(lines))
+    bare = list(replay(lines, estimate=False))
+    assert full and len(bare) == len(full)
+    keep = ("line", "key", "instance", "label", "n", "total", "elapsed_s", "tqdm_eta_s", "lane")
+    assert [[getattr(r, k) for k in keep] for r in bare] == [[getattr(r, k) for k in keep] for r in full]
+    assert all(r.eta_s is None and r.ema_eta_s is None for r in bare)
+    assert any(r.eta_s is not None for r in full)

@@ -58,14 +58,16 @@ def frames(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
 
 
 def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str, int], int], float] | None = None,
-           priors: Callable[[str], float | None] | None = None) -> Iterator[ReplayRow]:
+           priors: Callable[[str], float | None] | None = None, estimate: bool = True) -> Iterator[ReplayRow]:
     """One row per progress frame, in file order, each estimated from the frames up to it.
 
     horizons: {(key, instance): count} estimates the time to reach that count instead of the bar's
     total (the benchmark scores an excerpt that stops mid-bar up to its last count); tqdm's printed
     remaining time is scaled to it (tqdm's is items left / its rate).
     priors: label -> seconds per item from earlier runs (the history prior), used while a bar is
-    too young to judge; a bar that starts over (the next epoch) takes its previous run's mean rate."""
+    too young to judge; a bar that starts over (the next epoch) takes its previous run's mean rate.
+    estimate=False: the frames alone, no ETA (the rows' eta_* stay None): what the benchmarks read of a
+    log to learn its counts and rates costs the parser's time, not the estimator's."""
     rows: list[ReplayRow] = []
     emas: dict[tuple, TqdmEma] = {}
     state = LogState(bar_eta=bar_eta)
@@ -82,7 +84,7 @@ def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str, int], int]
                 tqdm_left = (tqdm_left * max(total - p.n, 0.0) / (p.total - p.n)
                              if p.total is not None and p.total > p.n else None)
         eta = low = high = ema_eta = None
-        if elapsed is not None:
+        if estimate and elapsed is not None:
             eta, low, high = bar_eta(track.history, total, track.label, tqdm_left, prior,
                                      prior_run=track.prior_run)
             ema = emas.get((key, instance))
@@ -90,7 +92,7 @@ def replay(lines: Iterable[str], horizons: dict[tuple[tuple[str, str, int], int]
                 ema = emas[(key, instance)] = TqdmEma(start=(0.0, 0) if use_elapsed else None)
             ema.update(elapsed, p.n)
             ema_eta = ema.eta(total, p.n)
-        elif tqdm_left is not None:  # nothing to fit and no clock: tqdm's number, a wide range
+        elif estimate and tqdm_left is not None:  # nothing to fit and no clock: tqdm's number, a wide range
             eta, low, high = tqdm_left, tqdm_left * 0.5, tqdm_left * 2.0
         rows.append(ReplayRow(line=track.last_line, key=key, instance=instance, label=p.label, n=p.n,
                               total=total, elapsed_s=elapsed, eta_s=eta, eta_low_s=low, eta_high_s=high,
