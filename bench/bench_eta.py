@@ -469,6 +469,13 @@ def outside_logs(corpus: Path, names: list[str] | None = None) -> tuple[list[Pat
     return fresh, known
 
 
+def per_bar_line(s: BarScore) -> str:
+    """One bar's figures, as `--per-bar` prints them (bench/eta_compare.py reads two such listings)."""
+    return (f"    {s.cls:14s} {'C' if s.complete else ' '} {s.name[-80:]:80s} n={s.obs:4d} "
+            + " ".join(f"{m} {statistics.median(s.errs[m]):.3f}" for m in METHODS)
+            + f" cov {s.covered / s.obs:.0%}")
+
+
 def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
         paths: list[str] | None = None, apart: Path | None = None, jobs: int = 1,
         corpus: Path | None = None) -> dict:
@@ -497,7 +504,7 @@ def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
     finally:
         if pool:
             pool.close()
-    n_logs = sum(1 for _p, _s, sp in logs if split == "all" or sp == split)
+    n_logs = sum(1 for p, _s, sp in logs if (split == "all" or sp == split) and (paths is None or p in paths))
     print(f"split {split}: {n_logs} logs, {len(scores)} bars scored ({unscored} bars with no frame 2 s or more "
           f"before their last count)")
     if left_out:
@@ -517,9 +524,7 @@ def run(split: str = "holdout", synthetic: bool = False, per_bar: bool = False,
         out["apart"] = report_all(f"[{split}, apart: the {n_apart} logs of {apart.name}] the same figures", sub)
     if per_bar:
         for s in scores + lanes:
-            print(f"    {s.cls:14s} {'C' if s.complete else ' '} {s.name[-80:]:80s} n={s.obs:4d} "
-                  + " ".join(f"{m} {statistics.median(s.errs[m]):.3f}" for m in METHODS)
-                  + f" cov {s.covered / s.obs:.0%}")
+            print(per_bar_line(s))
     if synthetic:
         syn: list[BarScore] = []
         for name, text in synthetic_logs().items():
@@ -540,8 +545,16 @@ def main() -> None:
                     help="score the logs under DIR instead: a corpus kept outside this repository, never tuned on")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
                     help="worker processes (each log is replayed on its own; the figures do not depend on it)")
+    ap.add_argument("--only", type=Path, metavar="LIST",
+                    help="score only the split's logs listed in LIST (one path a line): a quick look at the "
+                         "bars a change can touch; the prior column still comes from the whole tuning part")
     args = ap.parse_args()
-    run(args.split, args.synthetic, args.per_bar, apart=args.apart, jobs=args.jobs, corpus=args.corpus)
+    paths = sorted(read_listing(args.only)) if args.only else None
+    if paths is not None:
+        in_split = {p for p, _s, sp in load_split() if args.split == "all" or sp == args.split}
+        if stray := [p for p in paths if p not in in_split]:
+            ap.error(f"{args.only}: not logs of the {args.split} part (bench/corpus/SPLIT.tsv): {', '.join(stray)}")
+    run(args.split, args.synthetic, args.per_bar, paths=paths, apart=args.apart, jobs=args.jobs, corpus=args.corpus)
 
 
 if __name__ == "__main__":

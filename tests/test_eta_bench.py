@@ -9,6 +9,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -85,3 +87,30 @@ def test_concurrent_lanes_after_the_first_are_scored_apart():
     assert sorted((s.name, s.lane) for s in scores) == [("two-workers:eval [lane 2]#0", True),
                                                          ("two-workers:eval#0", False)]
     assert all(statistics.median(s.errs["ours"]) < 0.1 for s in scores)  # each its own worker's pace
+
+
+def test_eta_compare_pairs_the_bars_of_two_per_bar_listings(tmp_path):
+    # bench/eta_compare.py reads what `bench_eta.py --per-bar` prints: the bars of two runs, paired by
+    # name, with the moves counted; a listing that is not one is refused with its path
+    import dataclasses
+
+    import eta_compare
+
+    logs = bench_eta.synthetic_logs()
+    scores = [s for name in SYNTHETIC for s in bench_eta.score_text(name, "tuning", logs[name], None)[0]]
+    assert len(scores) == 2
+    worse = dataclasses.replace(scores[1], errs={**scores[1].errs, "ours": [e + 0.5 for e in scores[1].errs["ours"]]})
+    before, after = tmp_path / "before.txt", tmp_path / "after.txt"
+    before.write_text("header\n" + "\n".join(map(bench_eta.per_bar_line, scores)) + "\n")
+    after.write_text("\n".join(map(bench_eta.per_bar_line, [scores[0], worse])) + "\n")
+    a, b = eta_compare.read_bars(before), eta_compare.read_bars(after)
+    assert set(a) == set(b) == {s.name for s in scores}
+    first = a[scores[0].name]
+    assert first.cls == scores[0].cls and first.complete == scores[0].complete and first.obs == scores[0].obs
+    assert first.errs["ours"] == round(statistics.median(scores[0].errs["ours"]), 3)
+    lines = eta_compare.compare(a, b)
+    assert lines[0].startswith("2 bars in both listings")
+    assert "better 0, worse 1" in lines[1]
+    assert lines[-1].endswith(scores[1].name) and "most worse:" in lines
+    with pytest.raises(SystemExit, match="no bar is in both"):
+        eta_compare.compare(a, {})
