@@ -74,8 +74,9 @@ def compare(before: dict[str, Bar], after: dict[str, Bar], moves: int = 8) -> li
         out.append(group_row("shard loads", shards, before, after))
     moved = sorted((k for k in keys if after[k].errs["ours"] != before[k].errs["ours"]),
                    key=lambda k: after[k].errs["ours"] - before[k].errs["ours"])
-    for title, part in (("most better", moved[:moves]), ("most worse", moved[::-1][:moves])):
-        part = [k for k in part if (after[k].errs["ours"] < before[k].errs["ours"]) == (title == "most better")]
+    better = [k for k in moved if after[k].errs["ours"] < before[k].errs["ours"]][:moves]
+    worse = [k for k in reversed(moved) if after[k].errs["ours"] > before[k].errs["ours"]][:moves]
+    for title, part in (("most better", better), ("most worse", worse)):
         if part:
             out.append(f"{title}:")
             out += [f"  {before[k].errs['ours']:.3f} -> {after[k].errs['ours']:.3f} (tqdm {before[k].errs['tqdm']:.3f}) {k}"
