@@ -7,6 +7,8 @@ measurement (eval_baseline, serve_eval, eval: test_pipeline_e2e.py covers those)
       finishes; train is not started;
   (b) a drafter that cannot learn (lr 1e-9: a typo of 1e-3) -> the train gate (min_acceptance_rate
       5% after 2 checkpoint estimates) stops training before its last epoch; nothing upstream reruns;
+      a late gate (a loaded machine's polls) still comes first: train pauses itself after its
+      10th checkpoint (acceptance.PAUSE_ENV) where the gate stops it after its 2nd or 3rd;
   (c) the demo's own settings -> no gate fires, training completes, and the forecast existed while
       it ran.
 """
@@ -14,6 +16,7 @@ measurement (eval_baseline, serve_eval, eval: test_pipeline_e2e.py covers those)
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 
 import pytest
@@ -22,16 +25,26 @@ import yaml
 from demo_lab import Lab
 from eaglelab.control import notify
 from eaglelab.fsutil import parse_iso
+from eaglelab.stages.acceptance import PAUSE_ENV
 
 pytestmark = pytest.mark.timeout(2400)
-B_EPOCHS = 40  # the gate stops it after 2-3; the rest is room for a loaded machine (CI of stop 49 ran all 12)
+B_EPOCHS = 12
+# (b)'s train stops itself after this checkpoint (0-based): a gate polled late still finds it alive. Without
+# it, CI of stop 49 once trained all 12 epochs before the gate fired
+B_PAUSE_AFTER = 9
 NO_SERVING = ("eval_baseline", "serve_eval", "eval", "pilot")  # the pilot: tested in test_pilot.py
 
 
-def set_vars(lab: Lab, **vars_) -> None:
+def set_vars(lab: Lab, train_env: dict | None = None, **vars_) -> None:
+    """The profile's vars, and train's own env (its fingerprint only: nothing upstream reruns)."""
     path = lab.conf / "profiles" / "e2e.yaml"
     prof = yaml.safe_load(path.read_text())
     prof["vars"].update(vars_)
+    stages = prof.setdefault("stages", {})
+    if train_env:
+        stages.setdefault("train", {})["env"] = train_env
+    elif "train" in stages:
+        stages["train"].pop("env", None)
     path.write_text(yaml.safe_dump(prof))
 
 
@@ -45,14 +58,18 @@ def replays(tmp_path_factory):
         facts["a"] = lab.lab("pipeline", check=False, timeout=1800)
         facts["a_status"] = lab.lab("status").stdout
         facts["a_json"] = lab.status_json()
-        # the gate lands after its 2nd estimate (~4 s an epoch here, alone); a loaded machine's polls come late:
-        # epochs past the gate cost nothing, so there are many
-        set_vars(lab, loss_fn="ce", lr="1e-9", epochs=str(B_EPOCHS))
-        facts["b"] = lab.lab("pipeline", check=False, timeout=1800)
+        # the gate lands after its 2nd estimate (~4 s an epoch here, alone), well before the pause
+        set_vars(lab, loss_fn="ce", lr="1e-9", epochs=str(B_EPOCHS), train_env={PAUSE_ENV: str(B_PAUSE_AFTER)})
+        try:
+            facts["b"] = lab.lab("pipeline", check=False, timeout=900)
+        except subprocess.TimeoutExpired as e:  # paused, and no gate stopped it: say so, free it for (c)
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            facts["b"] = subprocess.CompletedProcess(e.cmd, None, out, "")
+            lab.lab("stop", "train", check=False, timeout=120)
         facts["b_json"] = lab.status_json()
         ck = lab.data / "checkpoints"  # before (c) trains again in the same place
         facts["b_epochs"] = sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.is_dir() else []
-        set_vars(lab, lr="3e-3", epochs="4")
+        set_vars(lab, lr="3e-3", epochs="4")  # and train's env as it was
         (proc, log), seen = lab.popen("pipeline"), None
         while seen is None and proc.poll() is None:  # what `lab status --json` says while the good drafter trains
             st = lab.status_json()  # ~1 s of CPU each: asked only until the forecast is seen
@@ -100,11 +117,14 @@ def test_a_drafter_that_cannot_learn_is_stopped_by_the_gate_before_training_ends
     b, st = f["b"], f["b_json"]
     [train] = runs_of(st, "train")
     seen = {k: v for k, v in ((train.get("log_state") or {}).get("metrics") or {}).items() if k.startswith("acceptance/")}
-    assert b.returncode != 0, (b.stdout[-6000:], st["pipeline"]["forecast"], seen)  # why, if the gate missed it
-    assert re.search(r"gate on train failed: checkpoint forecast after \d checkpoint\(s\): acceptance rate "
+    why = (b.stdout[-6000:], st["pipeline"]["forecast"], seen)  # if the gate missed it: what the status held
+    assert b.returncode is not None, (f"train paused after checkpoint {B_PAUSE_AFTER} and no gate stopped it", *why)
+    assert b.returncode != 0, why
+    assert re.search(r"gate on train failed: checkpoint forecast after \d+ checkpoint\(s\): acceptance rate "
                      r"\d\.\d% < min_acceptance_rate 5\.0%", b.stdout), b.stdout[-4000:]
     assert train["state"] == "killed"
     assert len(f["b_epochs"]) < B_EPOCHS, f["b_epochs"]  # stopped before its last epoch
+    print(f"the gate stopped train after {len(f['b_epochs'])} of {B_EPOCHS} checkpoints (its pause: after {B_PAUSE_AFTER + 1})")
     assert len(runs_of(st, "extract")) == 1 and len(runs_of(st, "synth")) == 1  # nothing upstream redone
     fc = st["pipeline"]["forecast"]
     assert fc["source"] == "checkpoint" and fc["verdict"] == "LOW_ACCEPTANCE", fc
