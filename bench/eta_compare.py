@@ -35,7 +35,7 @@ class Bar:
 
 def read_bars(path: Path) -> dict[str, Bar]:
     """{bar name: its figures} of one listing; a name seen twice (names are cut to their last 80
-    characters) keeps its first line and is counted in the caller's report as unpaired."""
+    characters) keeps its first line, and the second is not read."""
     bars: dict[str, Bar] = {}
     for line in path.read_text(errors="replace").splitlines():
         m = BAR_LINE.match(line)
