@@ -208,14 +208,18 @@ def test_requeued_stage_runs_again_in_its_run_dir(slab, cluster):
 
     def ended_again():
         r = slab.run_of("t")
-        if r["state"] == "pending":  # an update that met the requeue's end is undone by it: say it again
+        if r["state"] == "pending":  # undone by the requeue's end, or a failed launch requeued it: again
             cluster.scontrol("update", f"jobid={job}", "StartTime=now")
         return r["state"] not in ("pending", "running") and r
     run = poll(ended_again, 180, interval=1)
-    # what the run, Slurm and its daemons said, should the second start not end as it should (ci75 only
-    # said "condition not met within 120 s")
-    seen = f"run: {run or slab.run_of('t')}\njob: {cluster.job(job)}\n{cluster.logs_tail()}"
-    assert run and run["state"] == "completed" and run["slurm"]["restart_count"] == 1, seen
+    # what the run, Slurm and its daemons said, should the second start not end as it should. (Stop 50's
+    # CI failed here, waiting 120 s for restart 1: a 9 s stop of slurmd at the second launch does that.)
+    slurm_job = cluster.job(job)
+    seen = f"run: {run or slab.run_of('t')}\njob: {slurm_job}\n{cluster.logs_tail()}"
+    assert run and run["state"] == "completed", seen
+    # Slurm's own count: 1, or more where a launch failed and Slurm requeued it itself, BeginTime +2 min
+    # (slurmd slower than MessageTimeout=5: a 7 s stop of slurmd at a launch does it, measured here)
+    assert run["slurm"]["restart_count"] == int(slurm_job["Restarts"]) >= 1, seen
     rd = Path(run["run_dir"])
     assert (rd / "attempt-0" / "output.log").exists()  # the first attempt's log is kept
     assert run["log_state"]["progress"]["n"] == 12
