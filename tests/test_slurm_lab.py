@@ -52,6 +52,10 @@ class SlurmTmpLab(TmpLab):
     def env(self) -> dict:
         return {**super().env(), "SLURM_CONF": str(self.cluster.conf)}
 
+    def lab(self, *args: str, timeout: float = 300, **kw):
+        # a launch slurmd answers too late is requeued by Slurm itself and starts 2 min later
+        return super().lab(*args, timeout=timeout, **kw)
+
     def write_stages(self, stages: dict) -> None:
         self.write_pipeline(json.dumps({"stages": stages}))
 
@@ -118,7 +122,7 @@ def test_stage_runs_through_sbatch_and_is_recorded_completed(slab, cluster):
 def test_over_its_memory_limit_ends_host_oom_killed(slab, cluster):
     slab.write_stages({"hog": py("import time; x = bytearray(400 << 20); time.sleep(30)", mem="80M")})
     slab.lab("run", "hog", "--detach")
-    run = wait_for(lambda: (r := slab.run_of("hog"))["state"] not in ("pending", "running") and r, timeout=90)
+    run = wait_for(lambda: (r := slab.run_of("hog"))["state"] not in ("pending", "running") and r, timeout=180)
     assert run["state"] == "failed", run
     assert run["log_state"]["failure"]["reason"] == "host_oom_killed"
     assert cluster.job(run["slurm"]["job_id"])["JobState"] in ("FAILED", "OUT_OF_MEMORY")
